@@ -1,0 +1,296 @@
+"""The one place the planner core meets MXNet: Symbol -> Graph, and MXNet's own figure.
+
+Arguments, inputs and auxiliary states are told apart from how the symbol is
+bound (list_arguments / list_auxiliary_states and which inputs were given
+shapes or a grad_req), never from name suffixes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from math import prod
+from pathlib import Path
+from typing import Any
+
+from . import learn, ops
+from .errors import PlanError
+from .graph import AUX, INPUT, OP, PARAM, Graph, Node
+
+_store: learn.TemplateStore | None = None
+
+
+def _mx():
+    try:
+        import mxnet as mx
+    except ImportError as exc:  # pragma: no cover - install problem
+        raise PlanError("MXNet is not installed: pip install 'mxmirror[cpu]'") from exc
+    return mx
+
+
+def store() -> learn.TemplateStore:
+    global _store
+    if _store is None:
+        _store = learn.TemplateStore(_mx().__version__)
+    return _store
+
+
+def load_symbol(source: Any):
+    """An mx.sym.Symbol from a Symbol, a JSON string or a path to a JSON file."""
+    mx = _mx()
+    if isinstance(source, mx.sym.Symbol):
+        return source
+    text = None
+    if isinstance(source, (str, Path)) and not str(source).lstrip().startswith("{"):
+        path = Path(source)
+        if not path.exists():
+            raise PlanError(f"symbol file not found: {path}")
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PlanError(f"cannot read symbol file {path}: {exc}") from None
+    else:
+        text = str(source)
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict) or "nodes" not in data or "heads" not in data:
+            raise ValueError("no 'nodes'/'heads'")
+    except ValueError as exc:
+        raise PlanError(f"not an MXNet symbol JSON ({exc}); save one with sym.save()") from None
+    try:
+        return mx.sym.load_json(text)
+    except Exception as exc:  # MXNetError
+        raise PlanError(f"MXNet cannot load the symbol: {_first_line(exc)}") from None
+
+
+def _first_line(exc: Exception) -> str:
+    lines = [ln for ln in str(exc).splitlines() if ln.strip() and "Stack trace" not in ln]
+    for ln in lines:
+        if "Check failed" in ln or "Error" in ln:
+            return re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", ln.strip())[:300]
+    return (lines[0] if lines else type(exc).__name__)[:300]
+
+
+def normalize_grad_req(sym, shapes: dict[str, tuple], grad_req: Any) -> dict[str, str]:
+    """Module's rule: given-shape inputs get no gradient, other arguments 'write'."""
+    args = sym.list_arguments()
+    if grad_req is None:
+        req = {a: ("null" if a in shapes else "write") for a in args}
+    elif isinstance(grad_req, str):
+        req = {a: grad_req for a in args}
+    elif isinstance(grad_req, (list, tuple)):
+        if len(grad_req) != len(args):
+            raise PlanError(f"grad_req has {len(grad_req)} entries for {len(args)} arguments")
+        req = dict(zip(args, grad_req))
+    else:
+        unknown = set(grad_req) - set(args)
+        if unknown:
+            raise PlanError(f"grad_req names unknown arguments: {sorted(unknown)}")
+        req = {a: grad_req.get(a, "null" if a in shapes else "write") for a in args}
+    bad = {v for v in req.values() if v not in ("null", "write", "add", "inplace")}
+    if bad:
+        raise PlanError(f"grad_req must be 'null', 'write' or 'add', not {sorted(bad)}")
+    return req
+
+
+def _parse_shapes(sym, shapes: dict[str, Any]) -> dict[str, tuple]:
+    inputs = set(sym.list_arguments()) | set(sym.list_auxiliary_states())
+    out = {}
+    for name, shape in shapes.items():
+        if name not in inputs:
+            raise PlanError(f"--shape {name}: the symbol has no input {name!r}; its inputs "
+                            f"are {', '.join(sorted(inputs)[:12])}")
+        try:
+            t = tuple(int(d) for d in shape)
+        except (TypeError, ValueError):
+            raise PlanError(f"shape of {name!r} must be integers, got {shape!r}") from None
+        if not t or any(d <= 0 for d in t):
+            raise PlanError(f"shape of {name!r} must be positive integers, got {shape!r}")
+        out[name] = t
+    return out
+
+
+def load_graph(source: Any, shapes: dict[str, Any], type_dict: dict[str, str] | None = None,
+               grad_req: Any = None) -> Graph:
+    """Read a Symbol (object, JSON text or file) with input shapes into the Graph IR."""
+    mx = _mx()
+    sym = load_symbol(source)
+    shapes = _parse_shapes(sym, shapes)
+    type_dict = dict(type_dict or {})
+    for name, dt in type_dict.items():
+        if dt not in _DTYPES:
+            raise PlanError(f"unknown dtype {dt!r} for {name!r}; use one of "
+                            f"{', '.join(sorted(_DTYPES))}")
+    req = normalize_grad_req(sym, shapes, grad_req)
+    js = json.loads(sym.tojson())
+    internals = sym.get_internals()
+    ijs = json.loads(internals.tojson())
+    if [n["name"] for n in ijs["nodes"]] != [n["name"] for n in js["nodes"]]:
+        raise PlanError("internal error: node order of the symbol and its internals differ")
+    try:
+        _, out_shapes, _ = internals.infer_shape_partial(**shapes)
+        types = {k: "float32" for k in shapes}
+        types.update(type_dict)
+        _, out_types, _ = internals.infer_type(**types)
+    except Exception as exc:
+        raise PlanError(f"shape inference failed: {_first_line(exc)}") from None
+    vis: dict[tuple[int, int], int] = {(h[0], h[1]): i for i, h in enumerate(ijs["heads"])}
+    unknown = [internals.list_outputs()[i] for i, s in enumerate(out_shapes)
+               if not s or 0 in s]
+    if unknown:
+        raise PlanError(f"cannot infer the shape of {', '.join(unknown[:5])}: give --shape "
+                        f"for every data input (given: {', '.join(shapes) or 'none'})")
+    aux = set(sym.list_auxiliary_states())
+    nodes: list[Node] = []
+    for i, jn in enumerate(js["nodes"]):
+        attrs = dict(jn.get("attrs", jn.get("attr", jn.get("param", {}))) or {})
+        n_vis = sum(1 for (nid, _) in vis if nid == i)
+        shp = [tuple(out_shapes[vis[(i, k)]]) for k in range(n_vis)]
+        dts = [_dtype_name(out_types[vis[(i, k)]]) if out_types else "float32"
+               for k in range(n_vis)]
+        node = Node(id=i, name=jn["name"], op=None if jn["op"] == "null" else jn["op"],
+                    attrs=attrs, inputs=[(e[0], e[1]) for e in jn["inputs"]],
+                    shapes=shp, dtypes=dts)
+        if node.is_variable:
+            node.kind = AUX if node.name in aux else (
+                PARAM if req.get(node.name, "null") != "null" else INPUT)
+            node.grad_req = req.get(node.name, "null")
+        else:
+            node.kind = OP
+        nodes.append(node)
+    graph = Graph(nodes=nodes, heads=[(h[0], h[1]) for h in js["heads"]])
+    attach_templates(graph, aux)
+    for n in graph.op_nodes:
+        n.flops = ops.flops(n.op, n.attrs, [graph.nodes[s].shapes[k] for s, k in n.inputs],
+                            n.shapes)
+    return graph
+
+
+_DTYPES = {"float16", "float32", "float64", "uint8", "int8", "int32", "int64", "bool",
+           "bfloat16"}
+
+
+def _dtype_name(t: Any) -> str:
+    try:
+        import numpy as np
+
+        return np.dtype(t).name
+    except TypeError:
+        return str(getattr(t, "__name__", t))
+
+
+def attach_templates(graph: Graph, aux_names: set[str]) -> None:
+    """Give every op node its backward template, learning unknown ones from MXNet."""
+    st = store()
+    pending: dict[str, dict] = {}
+    keys: dict[int, str] = {}
+    for n in graph.op_nodes:
+        in_shapes = [graph.nodes[s].shapes[k] for s, k in n.inputs]
+        in_types = [graph.nodes[s].dtypes[k] for s, k in n.inputs]
+        aux_pos = [j for j, (s, _) in enumerate(n.inputs) if graph.nodes[s].name in aux_names
+                   and graph.nodes[s].is_variable]
+        attrs = {k: v for k, v in n.attrs.items() if not k.startswith("__")}
+        key = learn.signature(n.op, attrs, in_shapes, aux_pos, in_types)
+        tpl = st.get(key)
+        if tpl is not None and tpl.literal:
+            key = learn.signature(n.op, attrs, in_shapes, aux_pos, in_types, literal=True)
+            tpl = st.get(key)
+        keys[n.id] = key
+        if tpl is None and key not in pending:
+            pending[key] = {"op": n.op, "attrs": attrs, "shapes": [list(s) for s in in_shapes],
+                            "dtypes": in_types, "aux": aux_pos, "num_visible": len(n.shapes)}
+    if pending:
+        learned = learn.learn(list(pending.values()))
+        new = {}
+        for (key, spec), tpl in zip(pending.items(), learned):
+            new[key] = tpl
+            if tpl.literal:
+                new[learn.signature(spec["op"], spec["attrs"], spec["shapes"], spec["aux"],
+                                    spec["dtypes"], literal=True)] = tpl
+        st.put_many(new)
+        # a literal template is only valid at its own shapes: relearn the others
+        again = {}
+        for n in graph.op_nodes:
+            tpl = st.get(keys[n.id])
+            if tpl is not None and tpl.literal:
+                in_shapes = [graph.nodes[s].shapes[k] for s, k in n.inputs]
+                spec = pending.get(keys[n.id]) or {}
+                lkey = learn.signature(n.op, spec.get("attrs", {}), in_shapes,
+                                       spec.get("aux", []), spec.get("dtypes", []),
+                                       literal=True)
+                if st.get(lkey) is None and lkey not in again and spec:
+                    again[lkey] = dict(spec, shapes=[list(s) for s in in_shapes])
+                keys[n.id] = lkey
+        if again:
+            st.put_many(dict(zip(again, learn.learn(list(again.values())))))
+    for n in graph.op_nodes:
+        tpl = st.get(keys[n.id])
+        n.template = tpl
+        in_shapes = [graph.nodes[s].shapes[k] for s, k in n.inputs]
+        for ref in tpl.fwd_out_shapes[len(n.shapes):]:
+            if ref[0] == "in":
+                n.shapes.append(tuple(in_shapes[ref[1]]))
+            elif ref[0] == "out":
+                n.shapes.append(tuple(n.shapes[ref[1]]))
+            else:
+                n.shapes.append(tuple(ref[1]))
+            n.dtypes.append(n.dtypes[0] if n.dtypes else "float32")
+
+
+# ------------------------------------------------------------ MXNet's own figure
+_TOTAL_RE = re.compile(r"Total (\d+) MB allocated")
+
+
+def mxnet_mb_many(jobs: list[dict]) -> list[int]:
+    """MXNet's ``Total X MB allocated`` for several binds, in one child process.
+
+    A job: {"symbol": json text, "shapes": {...}, "type_dict": {...} | None,
+    "grad_req": {...}, "env": {...}}. Binding happens in a child so that the
+    memory it leaves behind (about 0.5 GB for ResNet-1001) and env switches such
+    as MXNET_BACKWARD_DO_MIRROR never reach the caller's process.
+    """
+    out = []
+    for job in jobs:
+        env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE="0", **job.get("env", {}))
+        env.pop("MXNET_MEM_PLAN_VERBOSE_LOGGING", None)
+        if not job.get("env", {}).get("MXNET_BACKWARD_DO_MIRROR"):
+            env.pop("MXNET_BACKWARD_DO_MIRROR", None)
+        pkg_parent = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH"))
+                                            if p)
+        proc = subprocess.run([sys.executable, "-m", "mxmirror.mxnet_adapter"],
+                              input=json.dumps(job), capture_output=True, text=True, env=env)
+        m = _TOTAL_RE.search(proc.stdout)
+        if proc.returncode != 0 or not m:
+            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise PlanError(f"MXNet could not bind the symbol: {tail[:300]}")
+        out.append(int(m.group(1)))
+    return out
+
+
+def mxnet_mb(sym, shapes: dict[str, Any], type_dict: dict | None = None, grad_req: Any = None,
+             env: dict[str, str] | None = None) -> int:
+    """MXNet's own planned-intermediates figure (integer MB) for one bind."""
+    sym = load_symbol(sym)
+    req = normalize_grad_req(sym, _parse_shapes(sym, shapes), grad_req)
+    return mxnet_mb_many([{"symbol": sym.tojson(), "shapes": {k: list(v) for k, v in
+                                                              shapes.items()},
+                           "type_dict": type_dict, "grad_req": req, "env": env or {}}])[0]
+
+
+def _child_bind() -> None:
+    import mxnet as mx
+
+    job = json.loads(sys.stdin.read())
+    sym = mx.sym.load_json(job["symbol"])
+    ex = sym.simple_bind(mx.cpu(), grad_req=job["grad_req"], type_dict=job.get("type_dict"),
+                         **{k: tuple(v) for k, v in job["shapes"].items()})
+    lines = [ln for ln in ex.debug_str().splitlines() if ln.startswith("Total")]
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    _child_bind()

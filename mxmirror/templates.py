@@ -1,0 +1,99 @@
+"""Backward templates: what MXNet's gradient pass builds for one forward node.
+
+MXNet's ``FGradient`` of an op creates a few backward nodes whose inputs are the
+output gradients, the forward node's inputs and outputs, and each other. A
+template records that structure once per op signature (learned from MXNet
+itself, see ``learn.py``), so the simulator can rebuild MXNet's training graph
+for any network without binding it.
+
+A reference (``Ref``) is a tuple:
+  ("ograd", i)        gradient flowing into forward output i
+  ("in", j)           forward input j (of the mirror copy when mirrored)
+  ("out", k)          forward output k (of the mirror copy when mirrored)
+  ("node", t, k)      output k of backward node t of this template
+A shape reference is ("in", j), ("out", k) or ("lit", (d0, d1, ...)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+Ref = tuple
+
+
+@dataclass
+class TemplateNode:
+    """One backward node created by the op's FGradient."""
+
+    op: str
+    inputs: list[Ref]
+    out_shapes: list[Ref]
+    control_fwd: bool = True  # control dependency on the forward node
+    control_nodes: list[int] = field(default_factory=list)  # on earlier template nodes
+    attrs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Template:
+    """Backward structure of one forward op signature."""
+
+    op: str
+    num_outputs: int  # all outputs of the forward node, hidden ones included
+    num_visible: int
+    nodes: list[TemplateNode]
+    input_grads: list[Ref | None]  # per forward input: where its gradient comes from
+    literal: bool = False  # some shape was not relative to the forward node's entries
+    fwd_out_shapes: list[Ref] = field(default_factory=list)  # every forward output, hidden too
+
+    def to_json(self) -> dict:
+        return {
+            "op": self.op, "num_outputs": self.num_outputs, "num_visible": self.num_visible,
+            "literal": self.literal,
+            "nodes": [
+                {"op": n.op, "inputs": [list(r) for r in n.inputs],
+                 "out_shapes": [_shape_ref_json(s) for s in n.out_shapes],
+                 "control_fwd": n.control_fwd, "control_nodes": n.control_nodes,
+                 "attrs": n.attrs}
+                for n in self.nodes
+            ],
+            "input_grads": [None if r is None else list(r) for r in self.input_grads],
+            "fwd_out_shapes": [_shape_ref_json(s) for s in self.fwd_out_shapes],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> Template:
+        return cls(
+            op=d["op"], num_outputs=d["num_outputs"], num_visible=d["num_visible"],
+            literal=d.get("literal", False),
+            nodes=[
+                TemplateNode(op=n["op"], inputs=[tuple(r) for r in n["inputs"]],
+                             out_shapes=[_shape_ref_from_json(s) for s in n["out_shapes"]],
+                             control_fwd=n["control_fwd"], control_nodes=n["control_nodes"],
+                             attrs=n.get("attrs", {}))
+                for n in d["nodes"]
+            ],
+            input_grads=[None if r is None else tuple(r) for r in d["input_grads"]],
+            fwd_out_shapes=[_shape_ref_from_json(s) for s in d.get("fwd_out_shapes", [])],
+        )
+
+
+def _shape_ref_json(s: Ref) -> list:
+    return [s[0], list(s[1])] if s[0] == "lit" else list(s)
+
+
+def _shape_ref_from_json(s: list) -> Ref:
+    return ("lit", tuple(s[1])) if s[0] == "lit" else tuple(s)
+
+
+def generic_template(op: str, num_inputs: int, num_outputs: int = 1,
+                     uses_inputs: bool = True, uses_outputs: bool = False) -> Template:
+    """A one-node backward (``_backward_<op>``) for synthetic graphs in tests."""
+    inputs: list[Ref] = [("ograd", k) for k in range(num_outputs)]
+    if uses_inputs:
+        inputs += [("in", j) for j in range(num_inputs)]
+    if uses_outputs:
+        inputs += [("out", k) for k in range(num_outputs)]
+    node = TemplateNode(op="_backward_" + op, inputs=inputs,
+                        out_shapes=[("in", j) for j in range(num_inputs)])
+    return Template(op=op, num_outputs=num_outputs, num_visible=num_outputs, nodes=[node],
+                    input_grads=[("node", 0, j) for j in range(num_inputs)])
