@@ -81,7 +81,7 @@ def simulate(tg: TrainingGraph, strategy: str = "sharing", match_range: int = 16
     n_entries = tg.num_entries
     ref = [0] * n_entries
     nodes = tg.nodes
-    facts = [None if n.op is None else ops.memory_facts(n.op) for n in nodes]
+    facts = [None if n.op is None else ops.memory_facts(n.op, len(n.inputs)) for n in nodes]
     for n, f in zip(nodes, facts):
         if n.op is None:
             continue

@@ -67,43 +67,103 @@ def _f(pairs=((0, 0),), identity=None, ignore=()) -> MemoryFacts:
     return MemoryFacts(pairs, ident, frozenset(ignore))
 
 
-_IDENT = _f(((0, 0),), (True,))
-_UNARY = _f(((0, 0),))
-_BINARY = _f(((0, 0), (1, 0)))
-
+# Read from MXNet 1.9.1 (CPU, MKLDNN) by querying the registered attributes of
+# libmxnet itself, cross-checked against its source at tag 1.9.1.
 FACTS: dict[str, MemoryFacts] = {
-    # element-wise unary (MXNET_OPERATOR_REGISTER_UNARY) and their backward
-    **{op: _UNARY for op in (
-        "Activation", "_backward_Activation", "relu", "sigmoid", "tanh", "softsign", "exp",
-        "log", "square", "sqrt", "negative", "abs", "clip",
-        "_plus_scalar", "_minus_scalar", "_rminus_scalar", "_mul_scalar", "_div_scalar",
-        "_rdiv_scalar", "_backward_mul_scalar", "_backward_div_scalar",
-        "Dropout", "_backward_Dropout", "LeakyReLU", "_backward_LeakyReLU",
-        "SoftmaxOutput", "_backward_SoftmaxOutput",
-    )},
-    **{op: _IDENT for op in (
-        "Flatten", "Reshape", "_backward_copy", "_copy", "identity", "_backward_reshape",
-        "expand_dims", "_backward_expand_dims", "BlockGrad", "make_loss", "MakeLoss",
-        "squeeze", "_backward_squeeze", "Cast", "reshape_like",
-    )},
-    "_identity_with_attr_like_rhs": _f(((0, 0),), (True,), ignore=(1,)),
-    # element-wise binary and sums
-    **{op: _BINARY for op in (
-        "elemwise_add", "elemwise_sub", "elemwise_mul", "elemwise_div", "_grad_add",
-        "_backward_add", "_backward_sub",
-    )},
-    "add_n": _f(((0, 0),)),
-    "ElementWiseSum": _f(((0, 0),)),
-    "_backward_relu": _UNARY, "_backward_sigmoid": _UNARY, "_backward_tanh": _UNARY,
-    "_backward_FullyConnected": _f(((1, 0),)),
-    "_zeros_without_dtype": MemoryFacts(),
-    "zeros_like": MemoryFacts(),
+    "Activation": _f(((0, 0),), (False,), ()),
+    "BlockGrad": _f(((0, 0),), (True,), ()),
+    "Cast": _f(((0, 0),), (True,), ()),
+    "Dropout": _f(((0, 0),), (False,), ()),
+    "ElementWiseSum": _f(((0, 0),), (False,), ()),
+    "Flatten": _f(((0, 0),), (True,), ()),
+    "LayerNorm": _f(((0, 0),), (False,), ()),
+    "LeakyReLU": _f(((0, 0),), (False,), ()),
+    "LinearRegressionOutput": _f(((0, 0),), (False,), ()),
+    "LogisticRegressionOutput": _f(((0, 0),), (False,), ()),
+    "MAERegressionOutput": _f(((0, 0),), (False,), ()),
+    "MakeLoss": _f(((0, 0),), (False,), ()),
+    "Reshape": _f(((0, 0),), (True,), ()),
+    "SequenceMask": _f(((0, 0),), (False,), ()),
+    "SoftmaxActivation": _f(((0, 0),), (False,), ()),
+    "SoftmaxOutput": _f(((0, 0),), (False,), ()),
+    "_Plus": _f(((0, 0), (1, 0)), (False, False), ()),
+    "_backward_Activation": _f(((0, 0),), (False,), ()),
+    "_backward_Dropout": _f(((0, 0),), (False,), ()),
+    "_backward_FullyConnected": _f(((1, 0),), (False,), ()),
+    "_backward_L2Normalization": _f(((0, 0),), (False,), ()),
+    "_backward_LeakyReLU": _f(((0, 0),), (False,), ()),
+    "_backward_Pooling": _f(((1, 0),), (False,), ()),
+    "_backward_SequenceMask": _f(((0, 0),), (False,), ()),
+    "_backward_SoftmaxActivation": _f(((0, 0),), (False,), ()),
+    "_backward_SoftmaxOutput": _f(((0, 0),), (False,), ()),
+    "_backward_add": _f(((0, 0), (0, 1)), (False, False), ()),
+    "_backward_broadcast_add": _f(((0, 0), (0, 1)), (False, False), ()),
+    "_backward_broadcast_mul": _f(((0, 1),), (False,), ()),
+    "_backward_cast": _f(((0, 0),), (True,), ()),
+    "_backward_copy": _f(((0, 0),), (True,), ()),
+    "_backward_div_scalar": _f(((0, 0),), (False,), ()),
+    "_backward_linear_reg_out": _f(((1, 0),), (False,), ()),
+    "_backward_log": _f(((0, 0), (1, 0)), (False, False), ()),
+    "_backward_log_softmax": _f(((0, 0), (1, 0)), (False, False), ()),
+    "_backward_logistic_reg_out": _f(((1, 0),), (False,), ()),
+    "_backward_mae_reg_out": _f(((1, 0),), (False,), ()),
+    "_backward_mul": _f(((0, 1),), (False,), ()),
+    "_backward_mul_scalar": _f(((0, 0),), (False,), ()),
+    "_backward_rdiv_scalar": _f(((0, 0), (1, 0)), (False, False), ()),
+    "_backward_relu": _f(((0, 0), (1, 0)), (False, False), ()),
+    "_backward_reshape": _f(((0, 0),), (True,), ()),
+    "_backward_sigmoid": _f(((0, 0), (1, 0)), (False, False), ()),
+    "_backward_softmax": _f(((0, 0), (1, 0)), (False, False), ()),
+    "_backward_sqrt": _f(((0, 0), (1, 0)), (False, False), ()),
+    "_backward_square": _f(((0, 0), (1, 0)), (False, False), ()),
+    "_backward_sub": _f(((0, 0), (0, 1)), (False, False), ()),
+    "_backward_tanh": _f(((0, 0), (1, 0)), (False, False), ()),
+    "_copy": _f(((0, 0),), (True,), ()),
+    "_div_scalar": _f(((0, 0),), (False,), ()),
+    "_grad_add": _f(((0, 0), (1, 0)), (False, False), ()),
+    "_identity_with_attr_like_rhs": _f(((0, 0),), (True,), (1,)),
+    "_minus_scalar": _f(((0, 0),), (False,), ()),
+    "_mul_scalar": _f(((0, 0),), (False,), ()),
+    "_plus": _f(((0, 0), (1, 0)), (False, False), ()),
+    "_plus_scalar": _f(((0, 0),), (False,), ()),
+    "_rdiv_scalar": _f(((0, 0),), (False,), ()),
+    "_rminus_scalar": _f(((0, 0),), (False,), ()),
+    "add_n": _f(((0, 0),), (False,), ()),
+    "broadcast_add": _f(((0, 0), (1, 0)), (False, False), ()),
+    "broadcast_mul": _f(((0, 0), (1, 0)), (False, False), ()),
+    "elemwise_add": _f(((0, 0), (1, 0)), (False, False), ()),
+    "elemwise_mul": _f(((0, 0), (1, 0)), (False, False), ()),
+    "elemwise_sub": _f(((0, 0), (1, 0)), (False, False), ()),
+    "exp": _f(((0, 0),), (False,), ()),
+    "expand_dims": _f(((0, 0),), (True,), ()),
+    "identity": _f(((0, 0),), (True,), ()),
+    "log": _f(((0, 0),), (False,), ()),
+    "log_softmax": _f(((0, 0),), (False,), ()),
+    "make_loss": _f(((0, 0),), (True,), ()),
+    "negative": _f(((0, 0),), (False,), ()),
+    "ones_like": _f((), (), (0,)),
+    "relu": _f(((0, 0),), (False,), ()),
+    "reshape_like": _f(((0, 0),), (True,), (1,)),
+    "sigmoid": _f(((0, 0),), (False,), ()),
+    "softmax": _f(((0, 0),), (False,), ()),
+    "sqrt": _f(((0, 0),), (False,), ()),
+    "square": _f(((0, 0),), (False,), ()),
+    "stop_gradient": _f(((0, 0),), (True,), ()),
+    "tanh": _f(((0, 0),), (False,), ()),
+    "zeros_like": _f((), (), (0,)),
+}
+# Where the facts depend on the op's arity (an attribute the training node does not carry).
+FACTS_BY_ARITY: dict[tuple[str, int], MemoryFacts] = {
+    ("_backward_Pooling", 5): _f(((1, 0),), (False,), ()),  # max pooling, MKLDNN workspace
+    ("_backward_Pooling", 3): MemoryFacts(),
+    ("_backward_SequenceMask", 2): _f(((0, 1),), (False,), ()),
+    ("_backward_softmax", 4): _f(((0, 0), (1, 0), (2, 1), (3, 0)), (False,) * 4, ()),
 }
 
 
 @lru_cache(maxsize=None)
-def memory_facts(op: str) -> MemoryFacts:
-    return FACTS.get(op, MemoryFacts())
+def memory_facts(op: str, num_inputs: int = -1) -> MemoryFacts:
+    return FACTS_BY_ARITY.get((op, num_inputs)) or FACTS.get(op, MemoryFacts())
 
 
 # ------------------------------------------------------------------- FLOPs

@@ -1,0 +1,32 @@
+"""Planning policies, by name. Each takes a Graph and returns a Plan, scored by the simulator."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ..errors import PlanError
+from ..graph import Graph
+from ..plan import Plan
+from . import budget, cheap, none, optimal, sqrt
+
+POLICIES: dict[str, Callable[..., Plan]] = {
+    "none": none.plan,
+    "sqrt": sqrt.plan,
+    "cheap": cheap.plan,
+    "budget": budget.plan,
+    "optimal": optimal.plan,
+}
+
+
+def make_plan(graph: Graph, policy: str = "sqrt", budget_bytes: int | None = None) -> Plan:
+    """Run a policy on a graph and time it."""
+    fn = POLICIES.get(policy)
+    if fn is None:
+        raise PlanError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    if policy == "budget" and budget_bytes is None:
+        raise PlanError("policy 'budget' needs a budget, e.g. --budget 800MB")
+    start = time.perf_counter()
+    plan = fn(graph, budget_bytes=budget_bytes)
+    plan.plan_seconds = time.perf_counter() - start
+    return plan

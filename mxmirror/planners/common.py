@@ -1,0 +1,151 @@
+"""What every policy shares: candidate cuts, what may be recomputed, scoring."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import memory, ops, schedule
+from ..graph import Graph, Node
+
+NO_HEAD = -1
+
+
+@dataclass
+class Cut:
+    """A place where the forward graph can be split: the values crossing it are kept."""
+
+    pos: int  # position in the op-node order
+    keep: frozenset[int]  # node ids whose outputs cross the cut
+    bytes: int  # MXNet-counted bytes of those outputs
+
+
+def op_order(graph: Graph) -> list[Node]:
+    return [n for n in schedule.forward_order(graph) if not n.is_variable]
+
+
+def mirror_blockers(graph: Graph) -> dict[int, str]:
+    """Nodes that must never be recomputed, with the reason."""
+    out = {}
+    for n in graph.op_nodes:
+        if ops.is_random(n.op):
+            out[n.id] = "random op: recomputing would draw fresh randomness"
+        elif n.op in ops.STATEFUL:
+            out[n.id] = "stateful or control-flow op: treated as opaque"
+        elif n.op in ops.LOSSES:
+            out[n.id] = "loss/output op: its output is kept as a graph output"
+    return out
+
+
+def node_bytes(n: Node) -> int:
+    """Bytes as MXNet's planner counts them (4 per element, every output)."""
+    total = 0
+    for s in n.shapes:
+        size = 1
+        for d in s:
+            size *= d
+        total += size * memory.ELEMENT_BYTES
+    return total
+
+
+def find_cuts(graph: Graph) -> list[Cut]:
+    """Candidate cuts: where the fewest bytes cross the forward graph.
+
+    Walk the op nodes in topological order; the values crossing position i are
+    those produced at or before i and read after i. Where a single value
+    crosses, the graph splits there (an articulation point: a residual unit's
+    output). Graphs with no such point (an unrolled LSTM carries c and h)
+    split where the crossing bytes are a local minimum, so every candidate is
+    a local minimum of the crossing bytes. ``mirror_stage`` tags add their
+    groups as cuts (memonger's convention: one stage value, one cut).
+    """
+    order = op_order(graph)
+    pos = {n.id: i for i, n in enumerate(order)}
+    heads = {h[0] for h in graph.heads}
+    last = {}
+    for n in order:
+        last[n.id] = pos[n.id]
+    for n in order:
+        for src, _ in n.inputs:
+            if src in pos:
+                last[src] = max(last[src], pos[n.id])
+    crossing: list[tuple[frozenset[int], int]] = []
+    live: dict[int, int] = {}
+    for i, n in enumerate(order):
+        if last[n.id] > i and n.id not in heads:
+            live[n.id] = last[n.id]
+        for k in [k for k, end in live.items() if end <= i]:
+            del live[k]
+        keep = frozenset(live) | ({n.id} if n.id not in heads else frozenset())
+        crossing.append((keep, sum(node_bytes(graph.nodes[k]) for k in keep)))
+    w = 4
+    cuts = []
+    for i, (keep, b) in enumerate(crossing[:-1]):
+        lo, hi = max(0, i - w), min(len(crossing), i + w + 1)
+        if keep and b <= min(c[1] for c in crossing[lo:hi]):
+            if cuts and cuts[-1].keep == keep:
+                continue
+            cuts.append(Cut(i, keep, b))
+    cuts += tagged_cuts(graph, order, pos)
+    cuts.sort(key=lambda c: c.pos)
+    return cuts
+
+
+def tagged_cuts(graph: Graph, order: list[Node], pos: dict[int, int]) -> list[Cut]:
+    """User-tagged cuts (mirror_stage attributes, memonger semantics)."""
+    groups: dict[str, list[int]] = {}
+    for n in order:
+        tag = n.attrs.get("__mirror_stage__", n.attrs.get("mirror_stage"))
+        if tag is None:
+            continue
+        key = f"#{n.id}" if tag.lower() == "true" else tag
+        groups.setdefault(key, []).append(n.id)
+    cuts = []
+    for ids in groups.values():
+        p = max(pos[i] for i in ids)
+        cuts.append(Cut(p, frozenset(ids), sum(node_bytes(graph.nodes[i]) for i in ids)))
+    return cuts
+
+
+@dataclass
+class Score:
+    planned_bytes: int
+    recompute_ratio: float
+
+
+def score(graph: Graph, mirror: set[int]) -> Score:
+    """Simulate MXNet's planner for a mirror set; no bind."""
+    tg = schedule.build(graph, mirror)
+    planned = memory.simulate(tg).total_bytes
+    total = graph.forward_flops or 1.0
+    extra = sum(graph.nodes[t.fwd].flops for t in tg.nodes if t.role == "mirror")
+    return Score(planned, extra / total)
+
+
+def segment_mirror(graph: Graph, order: list[Node], cuts: list[Cut],
+                   blockers: dict[int, str], only_cheap: bool = False) -> set[int]:
+    """Mirror everything except the values crossing the chosen cuts (and blockers)."""
+    keep: set[int] = set()
+    for c in cuts:
+        keep |= c.keep
+    mirror = set()
+    for n in order:
+        if n.id in keep or n.id in blockers:
+            continue
+        if only_cheap and not ops.is_cheap(n.op):
+            continue
+        mirror.add(n.id)
+    return mirror
+
+
+def greedy_cuts(order: list[Node], cuts: list[Cut], budget: float) -> list[Cut]:
+    """Paper Algorithm 3: keep a cut once the dropped bytes since the last one pass budget."""
+    by_pos = {c.pos: c for c in cuts}
+    chosen = []
+    acc = 0
+    for i, n in enumerate(order):
+        acc += node_bytes(n)
+        c = by_pos.get(i)
+        if c is not None and acc > budget:
+            chosen.append(c)
+            acc = 0
+    return chosen

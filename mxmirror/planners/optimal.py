@@ -1,0 +1,142 @@
+"""Least planned memory with each node recomputed at most once.
+
+Dynamic programming over the chain of cut points: for a bound M on the bytes
+of any segment, choose the cuts that keep every segment within M at the least
+total checkpoint bytes (an exact DP over the chain, linear with a monotone
+window). Sweeping M gives the Pareto front of (kept bytes, largest segment);
+each front point is scored by the simulator (MXNet's planner) and the smallest
+wins. The model is exact on a chain of single-value cuts; on general DAGs it
+is exact over the candidate cuts found, not over every recomputation set: see
+docs/planners.md.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ..graph import Graph
+from ..plan import Plan
+from .cheap import _names
+from .common import (Cut, find_cuts, mirror_blockers, node_bytes, op_order, score,
+                     segment_mirror)
+from .sqrt import candidates
+
+FRONT_POINTS = 16
+
+
+def min_checkpoints(prefix: list[int], cuts: list[Cut], bound: int) -> list[Cut] | None:
+    """Cuts of least total bytes such that no segment holds more than `bound` bytes."""
+    end = prefix[-1]
+    at = [prefix[c.pos + 1] for c in cuts]  # bytes up to and including each cut
+    n = len(cuts)
+    best = [None] * n
+    back = [-1] * n
+    window: deque[int] = deque()  # indices of reachable predecessors, best first
+    start_ok = True
+    lo = 0
+    for j in range(n):
+        # drop predecessors too far behind
+        while window and at[j] - at[window[0]] > bound:
+            window.popleft()
+        while lo < j and at[j] - at[lo] > bound:
+            lo += 1
+        start_ok = at[j] <= bound
+        cands = []
+        if start_ok:
+            cands.append((0, -1))
+        if window:
+            cands.append((best[window[0]], window[0]))
+        if cands:
+            cost, prev = min(cands)
+            best[j] = cost + cuts[j].bytes
+            back[j] = prev
+            while window and best[window[-1]] >= best[j]:
+                window.pop()
+            window.append(j)
+    finals = [j for j in range(n) if best[j] is not None and end - at[j] <= bound]
+    if end <= bound:
+        return []
+    if not finals:
+        return None
+    j = min(finals, key=lambda k: best[k])
+    chosen = []
+    while j != -1:
+        chosen.append(cuts[j])
+        j = back[j]
+    return chosen[::-1]
+
+
+def front(graph: Graph, points: int = FRONT_POINTS):
+    """(bound, cuts) along the Pareto front of kept bytes vs largest segment."""
+    order = op_order(graph)
+    cuts = [c for c in find_cuts(graph)]
+    prefix = [0]
+    for n in order:
+        prefix.append(prefix[-1] + node_bytes(n))
+    if not cuts:
+        return order, []
+    lo = max(max(prefix[c.pos + 1] - prefix[c.pos] for c in cuts), 1)
+    hi = prefix[-1]
+    out = []
+    for k in range(points):
+        bound = int(lo * (hi / lo) ** (k / (points - 1)))
+        chosen = min_checkpoints(prefix, cuts, bound)
+        if chosen is not None:
+            kept = sum(c.bytes for c in chosen)
+            out.append((kept + bound, bound, chosen))
+    return order, out
+
+
+MAX_LOCAL_STEPS = 30
+
+
+def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
+    base = score(graph, set())
+    blockers = mirror_blockers(graph)
+    order, pts = front(graph)
+    _, cuts, _, grid = candidates(graph, steps=17, spread=8.0)
+    options = [chosen for _, _, chosen in pts] + [chosen for _, chosen, _ in grid]
+    best = None
+    seen = set()
+    for chosen in options:
+        mirror = segment_mirror(graph, order, chosen, blockers)
+        key = frozenset(mirror)
+        if key in seen:
+            continue
+        seen.add(key)
+        s = score(graph, mirror)
+        if best is None or s.planned_bytes < best[0].planned_bytes:
+            best = (s, mirror, chosen)
+    if best is None or best[0].planned_bytes >= base.planned_bytes:
+        return Plan("optimal", graph, set(), [], base.planned_bytes, base.planned_bytes, 0.0,
+                    skipped=_names(graph, blockers))
+    s, mirror, chosen = _local_search(graph, order, cuts, blockers, *best)
+    ckpts = [graph.nodes[i].name for c in chosen for i in sorted(c.keep)]
+    return Plan("optimal", graph, mirror, ckpts, base.planned_bytes, s.planned_bytes,
+                s.recompute_ratio, skipped=_names(graph, blockers))
+
+
+def _local_search(graph, order, cuts, blockers, best, mirror, chosen):
+    """Drop a kept cut or shift it to a neighbouring candidate while memory falls."""
+    by_pos = sorted(cuts, key=lambda c: c.pos)
+    index = {c.pos: i for i, c in enumerate(by_pos)}
+    steps = 0
+    improved = True
+    while improved and steps < MAX_LOCAL_STEPS:
+        improved = False
+        for j in range(len(chosen)):
+            i = index.get(chosen[j].pos)
+            options = [chosen[:j] + chosen[j + 1:]]
+            for d in (-1, 1):
+                if i is not None and 0 <= i + d < len(by_pos):
+                    options.append(chosen[:j] + [by_pos[i + d]] + chosen[j + 1:])
+            for opt in options:
+                m = segment_mirror(graph, order, opt, blockers)
+                s = score(graph, m)
+                steps += 1
+                if s.planned_bytes < best.planned_bytes:
+                    best, mirror, chosen, improved = s, m, opt, True
+                    break
+            if improved or steps >= MAX_LOCAL_STEPS:
+                break
+    return best, mirror, chosen
