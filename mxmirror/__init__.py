@@ -1,6 +1,11 @@
 """mxmirror: sublinear-memory training plans for MXNet 1.9.1 symbolic executors."""
 
+from .api import plan
+from .bind import disable, enable, enable_from_env, enabled, simple_bind
 from .errors import PlanError
+from .plan import Plan
 
-__all__ = ["PlanError"]
+__all__ = ["Plan", "PlanError", "disable", "enable", "enabled", "plan", "simple_bind"]
 __version__ = "0.1.0"
+
+enable_from_env()

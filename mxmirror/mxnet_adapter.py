@@ -119,7 +119,7 @@ def load_graph(source: Any, shapes: dict[str, Any], type_dict: dict[str, str] | 
     mx = _mx()
     sym = load_symbol(source)
     shapes = _parse_shapes(sym, shapes)
-    type_dict = dict(type_dict or {})
+    type_dict = {name: _dtype_name(dt) for name, dt in (type_dict or {}).items()}
     for name, dt in type_dict.items():
         if dt not in _DTYPES:
             raise PlanError(f"unknown dtype {dt!r} for {name!r}; use one of "
@@ -174,9 +174,9 @@ _DTYPES = {"float16", "float32", "float64", "uint8", "int8", "int32", "int64", "
 
 
 def _dtype_name(t: Any) -> str:
-    try:
-        import numpy as np
+    import numpy as np
 
+    try:
         return np.dtype(t).name
     except TypeError:
         return str(getattr(t, "__name__", t))

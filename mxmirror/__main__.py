@@ -1,0 +1,5 @@
+"""python -m mxmirror"""
+
+from .cli import main
+
+raise SystemExit(main())

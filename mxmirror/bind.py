@@ -1,0 +1,168 @@
+"""The bind-time flag: plan every Symbol.simple_bind / Symbol.bind, so unchanged
+training scripts (Module, BucketingModule, several contexts) train with the plan.
+
+Planning never breaks the user's run: if it fails, a warning says why and the
+unplanned bind goes ahead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+from .api import parse_budget, plan
+from .errors import PlanError
+
+log = logging.getLogger("mxmirror")
+if not log.handlers:
+    _h = logging.StreamHandler(sys.stderr)
+    _h.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(_h)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+_state: dict[str, Any] = {"policy": None, "budget": None}
+_originals: dict[str, Any] = {}
+_cache: dict[str, str] = {}
+
+
+def _mx():
+    import mxnet as mx
+
+    return mx
+
+
+def enable(policy: str = "sqrt", budget: Any = None) -> None:
+    """Plan every bind from now on (Symbol.simple_bind and Symbol.bind)."""
+    from .planners import POLICIES
+
+    if policy not in POLICIES:
+        raise PlanError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    parse_budget(budget)
+    _install()
+    _state.update(policy=policy, budget=budget)
+
+
+def disable() -> None:
+    """Stop planning binds."""
+    _state.update(policy=None, budget=None)
+
+
+@contextlib.contextmanager
+def enabled(policy: str = "sqrt", budget: Any = None) -> Iterator[None]:
+    """Plan every bind inside the block."""
+    saved = dict(_state)
+    enable(policy, budget)
+    try:
+        yield
+    finally:
+        _state.update(saved)
+
+
+def simple_bind(symbol: Any, ctx: Any, policy: str = "sqrt", budget: Any = None,
+                **kwargs: Any):
+    """Symbol.simple_bind with a plan; same arguments plus the plan's."""
+    _install()
+    planned = _planned_symbol(symbol, policy, budget, kwargs.get("grad_req", "write"),
+                              kwargs.get("type_dict"), _shape_kwargs(kwargs), strict=True)
+    return _originals["simple_bind"](planned, ctx, **kwargs)
+
+
+def _shape_kwargs(kwargs: dict) -> dict:
+    named = {"grad_req", "type_dict", "stype_dict", "group2ctx", "shared_arg_names",
+             "shared_exec", "shared_buffer"}
+    return {k: v for k, v in kwargs.items() if k not in named}
+
+
+def _planned_symbol(symbol, policy, budget, grad_req, type_dict, shapes, strict=False):
+    """The planned copy of `symbol`, cached per graph, shapes, grad_req and policy."""
+    if policy in (None, "none"):
+        return symbol
+    if grad_req == "null" or (isinstance(grad_req, dict)
+                              and all(v == "null" for v in grad_req.values())):
+        return symbol  # inference: nothing to recompute
+    text = symbol.tojson()
+    key = hashlib.sha1(json.dumps([text, sorted((k, list(v)) for k, v in shapes.items()),
+                                   grad_req, type_dict and sorted(type_dict.items()), policy,
+                                   str(budget)], default=str).encode()).hexdigest()
+    if key in _cache:
+        return _mx().sym.load_json(_cache[key])
+    try:
+        p = plan(symbol, policy=policy, budget=budget, type_dict=type_dict, grad_req=grad_req,
+                 **shapes)
+        planned = p.symbol
+    except PlanError as exc:
+        if strict:
+            raise
+        warnings.warn(f"mxmirror: planning failed, binding unplanned: {exc}", stacklevel=3)
+        return symbol
+    except Exception as exc:  # never break the user's script
+        if strict:
+            raise
+        warnings.warn(f"mxmirror: planning failed ({type(exc).__name__}: {exc}); binding "
+                      f"unplanned", stacklevel=3)
+        return symbol
+    log.info(p.summary())
+    _cache[key] = planned.tojson()
+    return planned
+
+
+def _install() -> None:
+    """Wrap Symbol.simple_bind and Symbol.bind once."""
+    if _originals:
+        return
+    Symbol = _mx().sym.Symbol
+    _originals["simple_bind"] = Symbol.simple_bind
+    _originals["bind"] = Symbol.bind
+
+    def simple_bind_hook(self, ctx, grad_req="write", type_dict=None, stype_dict=None,
+                         group2ctx=None, shared_arg_names=None, shared_exec=None,
+                         shared_buffer=None, **kwargs):
+        sym = _planned_symbol(self, _state["policy"], _state["budget"], grad_req, type_dict,
+                              kwargs)
+        return _originals["simple_bind"](sym, ctx, grad_req=grad_req, type_dict=type_dict,
+                                         stype_dict=stype_dict, group2ctx=group2ctx,
+                                         shared_arg_names=shared_arg_names,
+                                         shared_exec=shared_exec, shared_buffer=shared_buffer,
+                                         **kwargs)
+
+    def bind_hook(self, ctx, args, args_grad=None, grad_req="write", aux_states=None,
+                  group2ctx=None, shared_exec=None):
+        sym = self
+        if _state["policy"] not in (None, "none") and args_grad is not None:
+            names = self.list_arguments()
+            arrays = args if isinstance(args, dict) else dict(zip(names, args))
+            grads = args_grad if isinstance(args_grad, dict) else dict(zip(names, args_grad))
+            if isinstance(grad_req, str):
+                req = {n: (grad_req if grads.get(n) is not None else "null") for n in names}
+            elif isinstance(grad_req, (list, tuple)):
+                req = dict(zip(names, grad_req))
+            else:
+                req = {n: grad_req.get(n, "null") for n in names}
+            shapes = {n: a.shape for n, a in arrays.items()}
+            types = {n: a.dtype.__name__ if hasattr(a.dtype, "__name__") else str(a.dtype)
+                     for n, a in arrays.items()}
+            sym = _planned_symbol(self, _state["policy"], _state["budget"], req, types, shapes)
+        return _originals["bind"](sym, ctx, args, args_grad=args_grad, grad_req=grad_req,
+                                  aux_states=aux_states, group2ctx=group2ctx,
+                                  shared_exec=shared_exec)
+
+    Symbol.simple_bind = simple_bind_hook
+    Symbol.bind = bind_hook
+
+
+def enable_from_env() -> None:
+    """MXMIRROR_POLICY / MXMIRROR_BUDGET switch the hook on for any process."""
+    policy = os.environ.get("MXMIRROR_POLICY")
+    if policy:
+        try:
+            enable(policy, os.environ.get("MXMIRROR_BUDGET") or None)
+        except PlanError as exc:
+            warnings.warn(f"mxmirror: MXMIRROR_POLICY ignored: {exc}", stacklevel=2)

@@ -1,0 +1,200 @@
+"""The mxmirror command: plan, memory, viz, run, demo.
+
+Bad input ends with exit code 2 and one last stderr line ``mxmirror: error: ...``;
+MXNet's own log noise is kept out of error output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import sys
+from pathlib import Path
+
+from .errors import PlanError
+
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own errors: same contract
+        self.print_usage(sys.stderr)
+        raise PlanError(message)
+
+
+def _shape(text: str) -> tuple[str, tuple[int, ...]]:
+    if "=" not in text:
+        raise PlanError(f"--shape takes NAME=D0,D1,..., e.g. data=32,3,224,224; got {text!r}")
+    name, dims = text.split("=", 1)
+    try:
+        shape = tuple(int(d) for d in dims.replace("x", ",").split(",") if d.strip())
+    except ValueError:
+        raise PlanError(f"--shape {text!r}: dimensions must be integers") from None
+    if not shape or any(d <= 0 for d in shape):
+        raise PlanError(f"--shape {text!r}: dimensions must be positive integers")
+    return name.strip(), shape
+
+
+def _dtype(args) -> dict[str, str] | None:
+    if not args.dtype:
+        return None
+    out = {}
+    for item in args.dtype:
+        name, _, dt = item.rpartition("=")
+        for n in ([name] if name else [k for k, _ in map(_shape, args.shape)]):
+            out[n] = dt
+    return out
+
+
+def _common(p: argparse.ArgumentParser, policy_default: str = "sqrt") -> None:
+    p.add_argument("symbol", help="symbol JSON file (sym.save())")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,...",
+                   help="input shape; repeat for each input")
+    p.add_argument("--dtype", action="append", default=[], metavar="[NAME=]DTYPE",
+                   help="input dtype (default float32); without NAME: every shaped input")
+    p.add_argument("--policy", default=policy_default)
+    p.add_argument("--budget", default=None, help="e.g. 800MB, 1.5GB")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="mxmirror", description="Sublinear-memory plans for MXNet 1.9.1.")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    p = sub.add_parser("plan", help="plan a symbol and print or save the planned symbol")
+    _common(p)
+    p.add_argument("--out", help="write the planned symbol JSON here")
+    p = sub.add_parser("memory", help="simulated MB per strategy and MXNet's own figure")
+    _common(p)
+    p.add_argument("--no-bind", action="store_true", help="skip MXNet's own figure")
+    p = sub.add_parser("viz", help="draw the plan (graphviz)")
+    _common(p)
+    p.add_argument("-o", "--output", required=True, help="FILE.dot|.svg|.pdf|.png")
+    p = sub.add_parser("run", help="run a training script with every bind planned")
+    p.add_argument("--policy", default="sqrt")
+    p.add_argument("--budget", default=None)
+    p.add_argument("script")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p = sub.add_parser("demo", help="plan the paper's ResNet and LSTM, print the table")
+    p.add_argument("--out", default="mxmirror-demo", help="folder for the graph dump")
+    p.add_argument("--quick", action="store_true", help="small networks (seconds)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command is None:
+            build_parser().print_help()
+            return EXIT_BAD_INPUT
+        return COMMANDS[args.command](args)
+    except PlanError as exc:
+        print(f"mxmirror: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+
+
+def _load(args):
+    from . import mxnet_adapter
+    from .api import parse_budget
+
+    if not args.shape:
+        raise PlanError("give at least one --shape NAME=D0,D1,... for the data input")
+    shapes = dict(map(_shape, args.shape))
+    budget = parse_budget(args.budget)
+    sym = mxnet_adapter.load_symbol(args.symbol)
+    return sym, shapes, _dtype(args), budget
+
+
+def cmd_plan(args) -> int:
+    from .api import plan
+
+    sym, shapes, dtypes, budget = _load(args)
+    p = plan(sym, policy=args.policy, budget=budget, type_dict=dtypes, **shapes)
+    if args.out:
+        try:
+            Path(args.out).write_text(p.symbol.tojson())
+        except OSError as exc:
+            raise PlanError(f"cannot write {args.out}: {exc.strerror}") from None
+    if args.json:
+        print(json.dumps(p.to_dict()))
+    else:
+        print(p.summary())
+        print(f"checkpoints ({len(p.checkpoints)}): {', '.join(p.checkpoints[:20])}"
+              + (" ..." if len(p.checkpoints) > 20 else ""))
+        for note in p.notes:
+            print(f"note: {note}")
+        if args.out:
+            print(f"planned symbol written to {args.out}")
+    return 0
+
+
+def cmd_memory(args) -> int:
+    from . import memory, mxnet_adapter, schedule
+    from .api import plan
+    from .plan import annotate_json
+
+    sym, shapes, dtypes, budget = _load(args)
+    p = plan(sym, policy=args.policy, budget=budget, type_dict=dtypes, **shapes)
+    base = schedule.build(p.graph, set())
+    sim = {s: memory.simulate(base, s).mb for s in memory.STRATEGIES}
+    sim["planned"] = p.planned_mb
+    out = {"policy": args.policy, "simulated_mb": {k: round(v, 3) for k, v in sim.items()}}
+    if not args.no_bind:
+        req = mxnet_adapter.normalize_grad_req(sym, shapes, None)
+        jobs = [{"symbol": p.source_json, "shapes": shapes, "type_dict": dtypes,
+                 "grad_req": req},
+                {"symbol": annotate_json(p.source_json, p.mirror_ids), "shapes": shapes,
+                 "type_dict": dtypes, "grad_req": req}]
+        mb = mxnet_adapter.mxnet_mb_many(jobs)
+        out["mxnet_mb"] = {"sharing": mb[0], "planned": mb[1]}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{'strategy':<10} {'simulated MB':>13} {'MXNet MB':>9}")
+    for k in ("none", "inplace", "sharing", "planned"):
+        mx_mb = out.get("mxnet_mb", {}).get(k, "")
+        print(f"{k:<10} {sim[k]:>13.1f} {mx_mb!s:>9}")
+    return 0
+
+
+def cmd_viz(args) -> int:
+    from .api import plan
+    from .viz import plot_plan
+
+    sym, shapes, dtypes, budget = _load(args)
+    p = plan(sym, policy=args.policy, budget=budget, type_dict=dtypes, **shapes)
+    written, note = plot_plan(p, args.output)
+    print(f"wrote {written}" + (f" ({note})" if note else ""))
+    return 0
+
+
+def cmd_run(args) -> int:
+    from .api import parse_budget
+    from .bind import enable
+    from .planners import POLICIES
+
+    if args.policy not in POLICIES:
+        raise PlanError(f"unknown policy {args.policy!r}; choose from {', '.join(POLICIES)}")
+    parse_budget(args.budget)
+    script = Path(args.script)
+    if not script.is_file():
+        raise PlanError(f"script not found: {script}")
+    enable(args.policy, args.budget)
+    sys.argv = [str(script), *args.args]
+    sys.path.insert(0, str(script.resolve().parent))
+    runpy.run_path(str(script), run_name="__main__")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    return run_demo(Path(args.out), quick=args.quick)
+
+
+COMMANDS = {"plan": cmd_plan, "memory": cmd_memory, "viz": cmd_viz, "run": cmd_run,
+            "demo": cmd_demo}
