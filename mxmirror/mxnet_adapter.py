@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 import sys
-from math import prod
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +115,7 @@ def _parse_shapes(sym, shapes: dict[str, Any]) -> dict[str, tuple]:
 def load_graph(source: Any, shapes: dict[str, Any], type_dict: dict[str, str] | None = None,
                grad_req: Any = None) -> Graph:
     """Read a Symbol (object, JSON text or file) with input shapes into the Graph IR."""
-    mx = _mx()
+    _mx()
     sym = load_symbol(source)
     shapes = _parse_shapes(sym, shapes)
     type_dict = {name: _dtype_name(dt) for name, dt in (type_dict or {}).items()}

@@ -10,7 +10,7 @@ gets no in-place reuse, which can only over-estimate memory.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from math import prod
 
 # ---------------------------------------------------------------- cost classes
@@ -161,7 +161,7 @@ FACTS_BY_ARITY: dict[tuple[str, int], MemoryFacts] = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def memory_facts(op: str, num_inputs: int = -1) -> MemoryFacts:
     return FACTS_BY_ARITY.get((op, num_inputs)) or FACTS.get(op, MemoryFacts())
 

@@ -24,7 +24,7 @@ ZERO_OPS = ("zeros_like", "_zeros")
 class TNode:
     """A node of the training graph."""
 
-    __slots__ = ("op", "name", "inputs", "cdeps", "sizes", "role", "fwd", "eid")
+    __slots__ = ("cdeps", "eid", "fwd", "inputs", "name", "op", "role", "sizes")
 
     def __init__(self, op: str | None, name: str, inputs: list, sizes: list[int],
                  role: str, fwd: int | None = None) -> None:

@@ -31,8 +31,6 @@ def mirror_blockers(graph: Graph) -> dict[int, str]:
             out[n.id] = "random op: recomputing would draw fresh randomness"
         elif n.op in ops.STATEFUL:
             out[n.id] = "stateful or control-flow op: treated as opaque"
-        elif n.op in ops.LOSSES:
-            out[n.id] = "loss/output op: its output is kept as a graph output"
     return out
 
 
@@ -122,9 +120,15 @@ def score(graph: Graph, mirror: set[int]) -> Score:
 
 
 def segment_mirror(graph: Graph, order: list[Node], cuts: list[Cut],
-                   blockers: dict[int, str], only_cheap: bool = False) -> set[int]:
-    """Mirror everything except the values crossing the chosen cuts (and blockers)."""
-    keep: set[int] = set()
+                   blockers: dict[int, str], only_cheap: bool = False,
+                   mirror_losses: bool = True) -> set[int]:
+    """Mirror everything except the values crossing the chosen cuts (and blockers).
+
+    Recomputing a (deterministic) loss lets its backward read recomputed logits
+    instead of keeping them: large for the per-step losses of an unrolled LSTM,
+    a loss for a single small head. Callers choose by simulation.
+    """
+    keep: set[int] = set() if mirror_losses else {n.id for n in order if n.op in ops.LOSSES}
     for c in cuts:
         keep |= c.keep
     mirror = set()
@@ -149,3 +153,4 @@ def greedy_cuts(order: list[Node], cuts: list[Cut], budget: float) -> list[Cut]:
             chosen.append(c)
             acc = 0
     return chosen
+

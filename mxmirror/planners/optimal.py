@@ -15,10 +15,18 @@ from __future__ import annotations
 from collections import deque
 
 from ..graph import Graph
+from ..ops import LOSSES
 from ..plan import Plan
 from .cheap import _names
-from .common import (Cut, find_cuts, mirror_blockers, node_bytes, op_order, score,
-                     segment_mirror)
+from .common import (
+    Cut,
+    find_cuts,
+    mirror_blockers,
+    node_bytes,
+    op_order,
+    score,
+    segment_mirror,
+)
 from .sqrt import candidates
 
 FRONT_POINTS = 16
@@ -95,11 +103,13 @@ def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
     blockers = mirror_blockers(graph)
     order, pts = front(graph)
     _, cuts, _, grid = candidates(graph, steps=17, spread=8.0)
+    losses = {n.id for n in order if n.op in LOSSES}
+    flag = not grid or bool(losses & grid[0][2]) or not losses
     options = [chosen for _, _, chosen in pts] + [chosen for _, chosen, _ in grid]
     best = None
     seen = set()
     for chosen in options:
-        mirror = segment_mirror(graph, order, chosen, blockers)
+        mirror = segment_mirror(graph, order, chosen, blockers, mirror_losses=flag)
         key = frozenset(mirror)
         if key in seen:
             continue
@@ -114,6 +124,10 @@ def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
     ckpts = [graph.nodes[i].name for c in chosen for i in sorted(c.keep)]
     return Plan("optimal", graph, mirror, ckpts, base.planned_bytes, s.planned_bytes,
                 s.recompute_ratio, skipped=_names(graph, blockers))
+
+
+def _losses(graph: Graph) -> set[int]:
+    return {n.id for n in graph.op_nodes if n.op in LOSSES}
 
 
 def _local_search(graph, order, cuts, blockers, best, mirror, chosen):
@@ -131,7 +145,8 @@ def _local_search(graph, order, cuts, blockers, best, mirror, chosen):
                 if i is not None and 0 <= i + d < len(by_pos):
                     options.append(chosen[:j] + [by_pos[i + d]] + chosen[j + 1:])
             for opt in options:
-                m = segment_mirror(graph, order, opt, blockers)
+                m = segment_mirror(graph, order, opt, blockers,
+                                   mirror_losses=bool(mirror & _losses(graph)))
                 s = score(graph, m)
                 steps += 1
                 if s.planned_bytes < best.planned_bytes:

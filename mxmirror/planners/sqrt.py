@@ -11,8 +11,16 @@ import math
 from ..graph import Graph
 from ..plan import Plan
 from .cheap import _names
-from .common import (Score, find_cuts, greedy_cuts, mirror_blockers, node_bytes, op_order,
-                     score, segment_mirror)
+from .common import (
+    Score,
+    find_cuts,
+    greedy_cuts,
+    mirror_blockers,
+    node_bytes,
+    op_order,
+    score,
+    segment_mirror,
+)
 
 
 def candidates(graph: Graph, steps: int = 9, spread: float = 4.0):
@@ -24,7 +32,7 @@ def candidates(graph: Graph, steps: int = 9, spread: float = 4.0):
         return order, cuts, blockers, []
     every = greedy_cuts(order, cuts, 0)
     x = sum(c.bytes for c in every)
-    seg, y, last = 0, 0, -1
+    seg, y = 0, 0
     cut_pos = {c.pos for c in every}
     for i, n in enumerate(order):
         seg += node_bytes(n)
@@ -32,11 +40,17 @@ def candidates(graph: Graph, steps: int = 9, spread: float = 4.0):
             y, seg = max(y, seg), 0
     y = max(y, seg)
     b0 = math.sqrt(max(x, 1) * max(y, 1))
+    mid = greedy_cuts(order, cuts, b0)
+    with_losses, without = (score(graph, segment_mirror(graph, order, mid, blockers,
+                                                        mirror_losses=flag)).planned_bytes
+                            for flag in (True, False))
+    flag = with_losses <= without
     out = []
     for k in range(steps):
         b = b0 * spread ** (2 * k / (steps - 1) - 1)
         chosen = greedy_cuts(order, cuts, b)
-        out.append((b, chosen, segment_mirror(graph, order, chosen, blockers)))
+        out.append((b, chosen, segment_mirror(graph, order, chosen, blockers,
+                                              mirror_losses=flag)))
     return order, cuts, blockers, out
 
 
