@@ -7,6 +7,7 @@ from typing import Any
 
 from . import mxnet_adapter
 from .errors import PlanError
+from .graph import Graph
 from .plan import Plan, strip_json
 from .planners import POLICIES, make_plan
 
@@ -43,6 +44,13 @@ def plan(symbol: Any, policy: str = "sqrt", budget: Any = None,
     """
     if policy not in POLICIES:
         raise PlanError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    graph, source = prepare(symbol, type_dict=type_dict, grad_req=grad_req, **shapes)
+    return plan_graph(graph, source, policy, budget)
+
+
+def prepare(symbol: Any, type_dict: dict[str, str] | None = None, grad_req: Any = None,
+            **shapes: Any) -> tuple[Graph, str]:
+    """The graph IR and the unplanned symbol JSON, to plan several policies on."""
     if not shapes:
         raise PlanError("give the input shapes, e.g. plan(sym, data=(32, 3, 224, 224))")
     sym = mxnet_adapter.load_symbol(symbol)
@@ -51,6 +59,11 @@ def plan(symbol: Any, policy: str = "sqrt", budget: Any = None,
     if not graph.grad_args():
         raise PlanError("nothing is trained: no argument gets a gradient, so there is no "
                         "backward pass to plan")
+    return graph, source
+
+
+def plan_graph(graph: Graph, source: str, policy: str = "sqrt", budget: Any = None) -> Plan:
+    """Plan an already prepared graph."""
     result = make_plan(graph, policy, parse_budget(budget))
     result.source_json = source
     return result

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from . import mxnet_adapter
-from .api import plan
+from .api import plan_graph, prepare
 from .plan import annotate_json
 from .viz import plot_plan
 
@@ -34,9 +34,10 @@ def run_demo(out: Path, quick: bool = False) -> int:
     for title, sym, shapes in _networks(quick):
         print(f"== {title}", flush=True)
         plans = {}
+        graph, source = prepare(sym, grad_req="write", **shapes)
         for policy in ("cheap", "sqrt"):
             t = time.perf_counter()
-            plans[policy] = plan(sym, policy=policy, grad_req="write", **shapes)
+            plans[policy] = plan_graph(graph, source, policy)
             print(f"   planned {policy} in {time.perf_counter() - t:.1f}s", flush=True)
         base = plans["sqrt"]
         req = mxnet_adapter.normalize_grad_req(sym, shapes, "write")
