@@ -1,0 +1,153 @@
+"""Run the paper's own memory planner (dmlc/mxnet-memonger) on CPU.
+
+memonger.py is the reference implementation of Chen et al. 2016's planner.
+It is never shipped or committed with mxmirror: the user fetches it, and this
+harness imports it at run time from, in order,
+
+1. the directory named by ``MEMONGER_PATH`` (must contain ``memonger.py``);
+2. a checkout at ``/work/.mirror/dmlc+mxnet-memonger`` (``memonger.py`` in
+   it or in ``repo/``); when only the bare git repository
+   ``repo/.git`` exists, ``memonger.py`` is extracted with ``git show
+   HEAD:memonger.py`` into ``~/.cache/mxmirror/memonger/`` (outside the repo)
+   and imported from there.
+
+memonger measures plans by binding on ``mx.gpu()``; ``search_plan_cpu`` and
+``get_cost_cpu`` bind on ``mx.cpu()`` instead so the figures can be taken on
+machines without a GPU.  Binding only plans memory: nothing is run forward.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import mxnet as mx
+
+MIRROR_DIR = Path("/work/.mirror/dmlc+mxnet-memonger")
+CACHE_DIR = Path.home() / ".cache" / "mxmirror" / "memonger"
+
+_TOTAL_RE = re.compile(r"^Total (\d+) MB allocated", re.MULTILINE)
+
+#: Why the last ``load_memonger`` call returned None, for messages and skips.
+last_error: str | None = None
+
+
+def _candidate_file() -> Path | None:
+    """Locate memonger.py, extracting it from the bare mirror if needed."""
+    global last_error
+    env = os.environ.get("MEMONGER_PATH")
+    if env:
+        path = Path(env) / "memonger.py"
+        if path.is_file():
+            return path
+        last_error = f"MEMONGER_PATH={env} has no memonger.py"
+        return None
+    for path in (MIRROR_DIR / "memonger.py", MIRROR_DIR / "repo" / "memonger.py"):
+        if path.is_file():
+            return path
+    git_dir = MIRROR_DIR / "repo" / ".git"
+    if not git_dir.is_dir():
+        last_error = (
+            "memonger not found: set MEMONGER_PATH or fetch dmlc/mxnet-memonger "
+            f"to {MIRROR_DIR}"
+        )
+        return None
+    try:
+        source = subprocess.run(
+            ["git", f"--git-dir={git_dir}", "show", "HEAD:memonger.py"],
+            check=True,
+            capture_output=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as err:
+        last_error = f"could not extract memonger.py from {git_dir}: {err}"
+        return None
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    path = CACHE_DIR / "memonger.py"
+    if not path.is_file() or path.read_bytes() != source:
+        path.write_bytes(source)
+    return path
+
+
+def load_memonger() -> ModuleType | None:
+    """Import the user-fetched memonger module, or return None (see ``last_error``)."""
+    global last_error
+    last_error = None
+    if "memonger" in sys.modules:
+        return sys.modules["memonger"]
+    path = _candidate_file()
+    if path is None:
+        return None
+    spec = importlib.util.spec_from_file_location("memonger", path)
+    if spec is None or spec.loader is None:
+        last_error = f"cannot import {path}"
+        return None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["memonger"] = module
+    try:
+        spec.loader.exec_module(module)
+    except (
+        ImportError,
+        SyntaxError,
+        OSError,
+    ) as err:  # a broken download must not crash
+        del sys.modules["memonger"]
+        last_error = f"importing {path} failed: {err!r}"
+        return None
+    return module
+
+
+def get_cost_cpu(
+    sym: mx.sym.Symbol, type_dict: dict[str, Any] | None = None, **shapes: Any
+) -> int:
+    """MB MXNet plans for ``sym`` when bound on CPU with a gradient for every argument.
+
+    Same measurement as memonger's ``get_cost`` (the ``Total X MB allocated``
+    line of ``debug_str()``) but on ``mx.cpu()``, and parsed by pattern
+    rather than by line position.
+    """
+    texec = sym.simple_bind(
+        ctx=mx.cpu(), grad_req="write", type_dict=type_dict, **shapes
+    )
+    match = _TOTAL_RE.search(texec.debug_str())
+    del texec
+    if match is None:
+        raise RuntimeError("debug_str() has no 'Total X MB allocated' line")
+    return int(match.group(1))
+
+
+def search_plan_cpu(
+    sym: mx.sym.Symbol,
+    ntrial: int = 6,
+    type_dict: dict[str, Any] | None = None,
+    **shapes: Any,
+) -> tuple[mx.sym.Symbol, int]:
+    """Run memonger's ``search_plan`` with costs measured on CPU.
+
+    Returns the planned symbol and its cost in MB (the smallest cost seen
+    during the search, which is the plan ``search_plan`` picks).
+    """
+    memonger = load_memonger()
+    if memonger is None:
+        raise RuntimeError(last_error or "memonger is not available")
+    costs: list[int] = []
+
+    def cost(s: mx.sym.Symbol, td: dict[str, Any] | None = None, **kw: Any) -> int:
+        mb = get_cost_cpu(s, td, **kw)
+        costs.append(mb)
+        return mb
+
+    original = memonger.get_cost
+    memonger.get_cost = cost
+    try:
+        planned = memonger.search_plan(
+            sym, ntrial=ntrial, type_dict=type_dict, **shapes
+        )
+    finally:
+        memonger.get_cost = original
+    return planned, min(costs)

@@ -1,0 +1,1 @@
+"""Symbolic network definitions used to reproduce the paper's memory measurements."""
