@@ -12,6 +12,7 @@ from __future__ import annotations
 import mxnet as mx
 
 _LOSSES = ("softmax_cross_entropy", "SoftmaxOutput")
+_BEGIN_STATES = ("zeros", "from_data")
 
 
 def _lstm_cell(
@@ -165,12 +166,20 @@ def ptb_lm(
     num_hidden: int = 200,
     num_embed: int = 200,
     dropout: float = 0.0,
+    begin_state: str = "zeros",
+    ignore_label: int | None = None,
 ) -> mx.sym.Symbol:
     """Word-level LSTM language model over ``data``/``softmax_label`` (batch, seq_len).
 
     This is the per-bucket graph of MXNet's bucketing example, so it can be
-    handed to a BucketingModule's ``sym_gen``.
+    handed to a BucketingModule's ``sym_gen``.  ``begin_state="zeros"`` keeps
+    ``mx.rnn``'s default zero states (``_zeros`` ops without inputs);
+    ``"from_data"`` builds the same zeros from ``data`` (``zeros_like`` of one
+    column, broadcast to ``num_hidden``), a graph in which every op has an
+    input.  With ``ignore_label`` the loss skips that label (bucket padding).
     """
+    if begin_state not in _BEGIN_STATES:
+        raise ValueError(f"begin_state must be one of {_BEGIN_STATES}, got {begin_state!r}")
     data = mx.sym.Variable("data")
     label = mx.sym.Variable("softmax_label")
     embed = mx.sym.Embedding(
@@ -181,10 +190,22 @@ def ptb_lm(
         stack.add(mx.rnn.LSTMCell(num_hidden=num_hidden, prefix=f"lstm_l{i}_"))
         if dropout > 0.0 and i < num_layers - 1:
             stack.add(mx.rnn.DropoutCell(dropout, prefix=f"lstm_d{i}_"))
-    outputs, _ = stack.unroll(seq_len, inputs=embed, layout="NTC", merge_outputs=True)
+    states = None
+    if begin_state == "from_data":
+        first = mx.sym.slice_axis(data, axis=1, begin=0, end=1, name="state_slice")
+        zeros = mx.sym.zeros_like(first, name="state_zeros")
+        zeros = mx.sym.broadcast_axis(zeros, axis=1, size=num_hidden, name="state_broadcast")
+        states = [zeros] * len(stack.state_info)
+    outputs, _ = stack.unroll(
+        seq_len, inputs=embed, begin_state=states, layout="NTC", merge_outputs=True
+    )
     if dropout > 0.0:
         outputs = mx.sym.Dropout(outputs, p=dropout, name="out_dropout")
     pred = mx.sym.Reshape(outputs, shape=(-1, num_hidden), name="pred_reshape")
     pred = mx.sym.FullyConnected(data=pred, num_hidden=vocab_size, name="pred")
     label = mx.sym.Reshape(label, shape=(-1,), name="label_reshape")
-    return mx.sym.SoftmaxOutput(data=pred, label=label, name="softmax")
+    if ignore_label is None:
+        return mx.sym.SoftmaxOutput(data=pred, label=label, name="softmax")
+    return mx.sym.SoftmaxOutput(
+        data=pred, label=label, use_ignore=True, ignore_label=ignore_label, name="softmax"
+    )

@@ -275,3 +275,35 @@ def test_memonger_harness_on_cpu() -> None:
     planned, after = mc.search_plan_cpu(sym, **shapes)
     assert 0 < after <= before
     assert planned.list_arguments() == sym.list_arguments()
+
+
+def test_ptb_lm_state_from_data_matches_zeros() -> None:
+    shapes = {"data": (2, 4), "softmax_label": (2, 4)}
+    outs = []
+    for begin_state in ("zeros", "from_data"):
+        sym = ptb_lm(4, 30, num_layers=2, num_hidden=8, num_embed=6, begin_state=begin_state)
+        outs.append(_train_step(sym, shapes, {"data": 30, "softmax_label": 30}))
+    np.testing.assert_allclose(
+        outs[0].outputs[0].asnumpy(), outs[1].outputs[0].asnumpy(), rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        outs[0].grad_dict["lstm_l0_h2h_weight"].asnumpy(),
+        outs[1].grad_dict["lstm_l0_h2h_weight"].asnumpy(),
+        rtol=1e-4,
+        atol=1e-7,
+    )
+    with pytest.raises(ValueError, match="begin_state"):
+        ptb_lm(4, 30, begin_state="learned")
+
+
+def test_ptb_lm_ignore_label() -> None:
+    sym = ptb_lm(3, 10, num_layers=1, num_hidden=4, num_embed=4, ignore_label=0)
+    shapes = {"data": (2, 3), "softmax_label": (2, 3)}
+    req = {k: ("null" if k in shapes else "write") for k in sym.list_arguments()}
+    exe = sym.simple_bind(mx.cpu(), grad_req=req, **shapes)
+    for name, arr in exe.arg_dict.items():
+        arr[:] = 1 if name in shapes else 0.1
+    exe.arg_dict["softmax_label"][:] = 0  # every position padding: no gradient
+    exe.forward(is_train=True)
+    exe.backward()
+    assert np.abs(exe.grad_dict["pred_weight"].asnumpy()).sum() == 0
