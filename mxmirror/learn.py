@@ -84,23 +84,62 @@ def learn(specs: list[dict]) -> list[Template]:
     """
     if not specs:
         return []
+    if any(not spec["shapes"] for spec in specs):  # source ops (zeros, ones): no backward
+        sources = {i: _source_template(spec) for i, spec in enumerate(specs)
+                   if not spec["shapes"]}
+        rest = learn([spec for spec in specs if spec["shapes"]])
+        it = iter(rest)
+        return [sources[i] if i in sources else next(it) for i in range(len(specs))]
     env = dict(os.environ, MXNET_MEM_PLAN_VERBOSE_LOGGING="1", MXNET_SUBGRAPH_VERBOSE="0")
     env.pop("MXNET_BACKWARD_DO_MIRROR", None)
     pkg_parent = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, "-m", "mxmirror.learn"], input=json.dumps(specs),
                           capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
+    try:
+        out = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
+    except (ValueError, IndexError):
+        out = None
+    if not isinstance(out, list) or len(out) != len(specs):
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise PlanError(f"could not learn backward structure from MXNet: {tail}")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+        raise PlanError(f"could not learn the backward structure of "
+                        f"{', '.join(sorted({s['op'] for s in specs}))} from MXNet (child "
+                        f"process exit code {proc.returncode}): {tail[:300]}")
     result = []
     for spec, item in zip(specs, out):
         if "error" in item:
-            raise PlanError(f"MXNet cannot bind operator {spec['op']} for training: "
-                            f"{item['error']}")
+            hint = ""
+            if spec["op"] == "Custom":
+                hint = ("; custom operators registered in your process (mx.operator.register) "
+                        "cannot be learned in mxmirror's child process")
+            raise PlanError(f"MXNet cannot bind operator {spec['op']} alone for training, "
+                            f"so mxmirror cannot learn its backward: {item['error']}{hint}")
         result.append(Template.from_json(item))
     return result
+
+
+# MXNet's "[09:38:08] ../src/operator/nn/convolution.cc:151: " inside its messages
+_LOG_PREFIX = re.compile(r"\[\d\d:\d\d:\d\d\]\s*\S+:\d+:\s*")
+
+
+def error_line(exc: BaseException | str) -> str:
+    """The one informative line of an MXNet error (no stack trace, no log prefix)."""
+    text = exc if isinstance(exc, str) else str(exc)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    lines = [ln for ln in lines if "Stack trace" not in ln and not ln.startswith(
+        ("Traceback", "File ", "simple_bind error", "infer_type error", "infer_shape error"))]
+    for ln in lines:
+        if "Check failed" in ln or "Error" in ln:
+            return _LOG_PREFIX.sub("", ln)[:300]
+    name = exc if isinstance(exc, str) else type(exc).__name__
+    return _LOG_PREFIX.sub("", lines[0] if lines else name)[:300]
+
+
+def _source_template(spec: dict) -> Template:
+    """An op with no inputs has no backward: nothing to learn."""
+    n = spec["num_visible"]
+    return Template(op=spec["op"], num_outputs=n, num_visible=n, nodes=[], input_grads=[],
+                    fwd_out_shapes=[("out", k) for k in range(n)])
 
 
 # ----------------------------------------------------------------- child side
@@ -241,8 +280,7 @@ def _child_main() -> None:
             try:
                 results.append(_learn_one(mx, spec, log.name))
             except Exception as exc:  # report, the parent turns it into a PlanError
-                msg = str(exc).strip().splitlines()
-                results.append({"error": msg[0][:300] if msg else type(exc).__name__})
+                results.append({"error": error_line(exc) or type(exc).__name__})
     finally:
         os.dup2(saved, 2)
         os.unlink(log.name)

@@ -29,6 +29,9 @@ def mirror_blockers(graph: Graph) -> dict[int, str]:
     for n in graph.op_nodes:
         if ops.is_random(n.op):
             out[n.id] = "random op: recomputing would draw fresh randomness"
+        elif not n.inputs:
+            out[n.id] = "source op (no inputs): nothing to recompute, and MXNet may infer its " \
+                        "shape only from its consumers"
         elif n.op in ops.STATEFUL:
             out[n.id] = "stateful or control-flow op: treated as opaque"
     return out

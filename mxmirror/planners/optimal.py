@@ -95,7 +95,35 @@ def front(graph: Graph, points: int = FRONT_POINTS):
     return order, out
 
 
-MAX_LOCAL_STEPS = 30
+MAX_LOCAL_STEPS = 120
+SWEEPS = 2
+FACTORS = (0.5, 0.71, 1.41, 2.0)
+
+
+def regions(cuts: list[Cut]) -> list[int]:
+    """Region index per cut: runs of cuts of about the same size (a ResNet stage)."""
+    out, last, r = [], None, -1
+    for c in cuts:
+        cls = max(c.bytes, 1).bit_length()
+        if cls != last:
+            r, last = r + 1, cls
+        out.append(r)
+    return out
+
+
+def greedy_by_region(order, cuts: list[Cut], region: list[int], budgets: list[float]):
+    """Algorithm 3 with its own byte budget per region of the chain."""
+    by_pos = {c.pos: (c, region[k]) for k, c in enumerate(cuts)}
+    chosen, acc, r = [], 0, 0
+    for i, n in enumerate(order):
+        acc += node_bytes(n)
+        hit = by_pos.get(i)
+        if hit is not None:
+            c, r = hit
+            if acc > budgets[r]:
+                chosen.append(c)
+                acc = 0
+    return chosen
 
 
 def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
@@ -105,21 +133,43 @@ def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
     _, cuts, _, grid = candidates(graph, steps=17, spread=8.0)
     losses = {n.id for n in order if n.op in LOSSES}
     flag = not grid or bool(losses & grid[0][2]) or not losses
-    options = [chosen for _, _, chosen in pts] + [chosen for _, chosen, _ in grid]
-    best = None
-    seen = set()
-    for chosen in options:
+    seen: dict[frozenset, object] = {}
+
+    def evaluate(chosen):
         mirror = segment_mirror(graph, order, chosen, blockers, mirror_losses=flag)
         key = frozenset(mirror)
-        if key in seen:
-            continue
-        seen.add(key)
-        s = score(graph, mirror)
+        if key not in seen:
+            seen[key] = score(graph, mirror)
+        return seen[key], mirror
+
+    best = None
+    best_b = None
+    for b, chosen, _ in grid:
+        s, mirror = evaluate(chosen)
+        if best is None or s.planned_bytes < best[0].planned_bytes:
+            best, best_b = (s, mirror, chosen), b
+    for _, _, chosen in pts:
+        s, mirror = evaluate(chosen)
         if best is None or s.planned_bytes < best[0].planned_bytes:
             best = (s, mirror, chosen)
     if best is None or best[0].planned_bytes >= base.planned_bytes:
         return Plan("optimal", graph, set(), [], base.planned_bytes, base.planned_bytes, 0.0,
                     skipped=_names(graph, blockers))
+    # a byte budget per region (stage), by coordinate descent from the best uniform one
+    cut_list = sorted(cuts, key=lambda c: c.pos)
+    region = regions(cut_list)
+    n_regions = max(region, default=-1) + 1
+    if best_b is not None and 1 < n_regions <= 8:
+        budgets = [best_b] * n_regions
+        for _ in range(SWEEPS):
+            for r in range(n_regions):
+                for f in FACTORS:
+                    trial = list(budgets)
+                    trial[r] = budgets[r] * f
+                    chosen = greedy_by_region(order, cut_list, region, trial)
+                    s, mirror = evaluate(chosen)
+                    if s.planned_bytes < best[0].planned_bytes:
+                        best, budgets = (s, mirror, chosen), trial
     s, mirror, chosen = _local_search(graph, order, cuts, blockers, *best)
     ckpts = [graph.nodes[i].name for c in chosen for i in sorted(c.keep)]
     return Plan("optimal", graph, mirror, ckpts, base.planned_bytes, s.planned_bytes,
