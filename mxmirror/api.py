@@ -54,6 +54,10 @@ def prepare(symbol: Any, type_dict: dict[str, str] | None = None, grad_req: Any 
     if not shapes:
         raise PlanError("give the input shapes, e.g. plan(sym, data=(32, 3, 224, 224))")
     sym = mxnet_adapter.load_symbol(symbol)
+    req = mxnet_adapter.normalize_grad_req(sym, shapes, grad_req)
+    if all(r == "null" for r in req.values()):  # before any template is learned
+        raise PlanError("nothing is trained: no argument gets a gradient, so there is no "
+                        "backward pass to plan")
     source = strip_json(sym.tojson())
     graph = mxnet_adapter.load_graph(source, shapes, type_dict=type_dict, grad_req=grad_req)
     if not graph.grad_args():

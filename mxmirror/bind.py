@@ -31,6 +31,7 @@ if not log.handlers:
 _state: dict[str, Any] = {"policy": None, "budget": None}
 _originals: dict[str, Any] = {}
 _cache: dict[str, str] = {}
+_failed: dict[str, str] = {}  # plan key -> why planning failed (warned once)
 
 
 def _mx():
@@ -88,26 +89,27 @@ def _planned_symbol(symbol, policy, budget, grad_req, type_dict, shapes, strict=
     if grad_req == "null" or (isinstance(grad_req, dict)
                               and all(v == "null" for v in grad_req.values())):
         return symbol  # inference: nothing to recompute
-    text = symbol.tojson()
-    key = hashlib.sha1(json.dumps([text, sorted((k, list(v)) for k, v in shapes.items()),
-                                   grad_req, type_dict and sorted(type_dict.items()), policy,
-                                   str(budget)], default=str).encode()).hexdigest()
-    if key in _cache:
-        return _mx().sym.load_json(_cache[key])
+    key = None
     try:
+        text = symbol.tojson()
+        key = hashlib.sha1(json.dumps([text, sorted((k, str(tuple(v) if isinstance(v, list) else v))
+                                              for k, v in shapes.items()),
+                                       grad_req, type_dict and sorted(type_dict.items()),
+                                       policy, str(budget)], default=str).encode()).hexdigest()
+        if key in _cache:
+            return _mx().sym.load_json(_cache[key])
+        if key in _failed:  # warned once already; do not plan (or learn) again
+            return symbol
         p = plan(symbol, policy=policy, budget=budget, type_dict=type_dict, grad_req=grad_req,
                  **shapes)
         planned = p.symbol
-    except PlanError as exc:
-        if strict:
-            raise
-        warnings.warn(f"mxmirror: planning failed, binding unplanned: {exc}", stacklevel=3)
-        return symbol
     except Exception as exc:  # never break the user's script
         if strict:
             raise
-        warnings.warn(f"mxmirror: planning failed ({type(exc).__name__}: {exc}); binding "
-                      f"unplanned", stacklevel=3)
+        why = str(exc) if isinstance(exc, PlanError) else f"{type(exc).__name__}: {exc}"
+        if key is not None:
+            _failed[key] = why
+        warnings.warn(f"mxmirror: planning failed, binding unplanned: {why}", stacklevel=3)
         return symbol
     log.info(p.summary())
     _cache[key] = planned.tojson()
@@ -127,35 +129,59 @@ def _install() -> None:
                          shared_buffer=None, **kwargs):
         sym = _planned_symbol(self, _state["policy"], _state["budget"], grad_req, type_dict,
                               kwargs)
-        return _originals["simple_bind"](sym, ctx, grad_req=grad_req, type_dict=type_dict,
-                                         stype_dict=stype_dict, group2ctx=group2ctx,
-                                         shared_arg_names=shared_arg_names,
-                                         shared_exec=shared_exec, shared_buffer=shared_buffer,
-                                         **kwargs)
+        return _bind_or_fall_back(
+            _originals["simple_bind"], sym, self, ctx, grad_req=grad_req, type_dict=type_dict,
+            stype_dict=stype_dict, group2ctx=group2ctx, shared_arg_names=shared_arg_names,
+            shared_exec=shared_exec, shared_buffer=shared_buffer, **kwargs)
 
     def bind_hook(self, ctx, args, args_grad=None, grad_req="write", aux_states=None,
                   group2ctx=None, shared_exec=None):
         sym = self
-        if _state["policy"] not in (None, "none") and args_grad is not None:
-            names = self.list_arguments()
-            arrays = args if isinstance(args, dict) else dict(zip(names, args))
-            grads = args_grad if isinstance(args_grad, dict) else dict(zip(names, args_grad))
-            if isinstance(grad_req, str):
-                req = {n: (grad_req if grads.get(n) is not None else "null") for n in names}
-            elif isinstance(grad_req, (list, tuple)):
-                req = dict(zip(names, grad_req))
-            else:
-                req = {n: grad_req.get(n, "null") for n in names}
-            shapes = {n: a.shape for n, a in arrays.items()}
-            types = {n: a.dtype.__name__ if hasattr(a.dtype, "__name__") else str(a.dtype)
-                     for n, a in arrays.items()}
+        try:
+            req = types = shapes = None
+            if _state["policy"] not in (None, "none") and args_grad is not None:
+                req, types, shapes = _bind_inputs(self, args, args_grad, grad_req)
+        except Exception as exc:  # never break the user's script
+            warnings.warn(f"mxmirror: cannot read the bind arguments ({type(exc).__name__}: "
+                          f"{exc}); binding unplanned", stacklevel=2)
+        if req is not None:
             sym = _planned_symbol(self, _state["policy"], _state["budget"], req, types, shapes)
-        return _originals["bind"](sym, ctx, args, args_grad=args_grad, grad_req=grad_req,
-                                  aux_states=aux_states, group2ctx=group2ctx,
-                                  shared_exec=shared_exec)
+        return _bind_or_fall_back(_originals["bind"], sym, self, ctx, args, args_grad=args_grad,
+                                  grad_req=grad_req, aux_states=aux_states,
+                                  group2ctx=group2ctx, shared_exec=shared_exec)
 
     Symbol.simple_bind = simple_bind_hook
     Symbol.bind = bind_hook
+
+
+def _bind_inputs(self, args, args_grad, grad_req):
+    """grad_req, dtypes and shapes per argument, as Symbol.bind receives them."""
+    names = self.list_arguments()
+    arrays = args if isinstance(args, dict) else dict(zip(names, args))
+    grads = args_grad if isinstance(args_grad, dict) else dict(zip(names, args_grad))
+    if isinstance(grad_req, str):
+        req = {n: (grad_req if grads.get(n) is not None else "null") for n in names}
+    elif isinstance(grad_req, (list, tuple)):
+        req = dict(zip(names, grad_req))
+    else:
+        req = {n: grad_req.get(n, "null") for n in names}
+    shapes = {n: a.shape for n, a in arrays.items()}
+    types = {n: a.dtype.__name__ if hasattr(a.dtype, "__name__") else str(a.dtype)
+             for n, a in arrays.items()}
+    return req, types, shapes
+
+
+def _bind_or_fall_back(original, planned, symbol, *args, **kwargs):
+    """Bind the planned symbol; should MXNet refuse it, bind the user's own (with a warning)."""
+    if planned is symbol:
+        return original(symbol, *args, **kwargs)
+    try:
+        return original(planned, *args, **kwargs)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        warnings.warn(f"mxmirror: MXNet could not bind the planned symbol "
+                      f"({type(exc).__name__}: {first}); binding unplanned", stacklevel=3)
+        return original(symbol, *args, **kwargs)
 
 
 def enable_from_env() -> None:

@@ -42,8 +42,18 @@ def load_symbol(source: Any):
     mx = _mx()
     if isinstance(source, mx.sym.Symbol):
         return source
+    if not isinstance(source, (str, bytes, Path)):
+        raise PlanError(f"expected an mx.sym.Symbol, symbol JSON text or a path to a "
+                        f"-symbol.json file, not {type(source).__name__}")
+    if isinstance(source, bytes):
+        try:
+            source = source.decode()
+        except UnicodeDecodeError:
+            raise PlanError("symbol JSON bytes are not UTF-8 text") from None
+    if not str(source).strip():
+        raise PlanError("the symbol is empty: give an mx.sym.Symbol, its JSON text or a path")
     text = None
-    if isinstance(source, (str, Path)) and not str(source).lstrip().startswith("{"):
+    if isinstance(source, Path) or not str(source).lstrip().startswith(("{", "[")):
         path = Path(source)
         if not path.exists():
             raise PlanError(f"symbol file not found: {path}")
@@ -57,6 +67,10 @@ def load_symbol(source: Any):
         data = json.loads(text)
         if not isinstance(data, dict) or "nodes" not in data or "heads" not in data:
             raise ValueError("no 'nodes'/'heads'")
+        if not isinstance(data["nodes"], list) or not data["nodes"]:
+            raise ValueError("no nodes")
+        if not isinstance(data["heads"], list) or not data["heads"]:
+            raise ValueError("no heads: the symbol has no output")
     except ValueError as exc:
         raise PlanError(f"not an MXNet symbol JSON ({exc}); save one with sym.save()") from None
     try:
@@ -65,12 +79,25 @@ def load_symbol(source: Any):
         raise PlanError(f"MXNet cannot load the symbol: {_first_line(exc)}") from None
 
 
+# Ops whose body is a subgraph (mx.sym.contrib.foreach / while_loop / cond). mxmirror
+# learns every op's backward by binding it alone in a child process; a subgraph op
+# cannot be learned that way, so such symbols are refused (they are never split).
+CONTROL_FLOW = {"_foreach", "_while_loop", "_cond"}
+
+
+def check_supported(symbol_json: str) -> None:
+    """Refuse graphs mxmirror cannot simulate: control flow and other subgraph ops."""
+    data = json.loads(symbol_json)
+    for node in data["nodes"]:
+        if node.get("op") in CONTROL_FLOW or node.get("subgraphs"):
+            raise PlanError(
+                f"node {node.get('name')!r} is a control-flow op ({node.get('op')}, from "
+                f"mx.sym.contrib.foreach/while_loop/cond) with a subgraph; mxmirror cannot "
+                f"plan through it. Bind this symbol without mxmirror, or unroll the loop")
+
+
 def _first_line(exc: Exception) -> str:
-    lines = [ln for ln in str(exc).splitlines() if ln.strip() and "Stack trace" not in ln]
-    for ln in lines:
-        if "Check failed" in ln or "Error" in ln:
-            return re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", ln.strip())[:300]
-    return (lines[0] if lines else type(exc).__name__)[:300]
+    return learn.error_line(exc)
 
 
 def normalize_grad_req(sym, shapes: dict[str, tuple], grad_req: Any) -> dict[str, str]:
@@ -103,9 +130,13 @@ def _parse_shapes(sym, shapes: dict[str, Any]) -> dict[str, tuple]:
             raise PlanError(f"--shape {name}: the symbol has no input {name!r}; its inputs "
                             f"are {', '.join(sorted(inputs)[:12])}")
         try:
+            if isinstance(shape, (str, bytes)) or any(
+                    isinstance(d, bool) or int(d) != d for d in shape):
+                raise TypeError
             t = tuple(int(d) for d in shape)
         except (TypeError, ValueError):
-            raise PlanError(f"shape of {name!r} must be integers, got {shape!r}") from None
+            raise PlanError(f"shape of {name!r} must be a tuple of integers such as "
+                            f"(32, 3, 224, 224), got {shape!r}") from None
         if not t or any(d <= 0 for d in t):
             raise PlanError(f"shape of {name!r} must be positive integers, got {shape!r}")
         out[name] = t
@@ -119,23 +150,32 @@ def load_graph(source: Any, shapes: dict[str, Any], type_dict: dict[str, str] | 
     sym = load_symbol(source)
     shapes = _parse_shapes(sym, shapes)
     type_dict = {name: _dtype_name(dt) for name, dt in (type_dict or {}).items()}
+    inputs = set(sym.list_arguments()) | set(sym.list_auxiliary_states())
     for name, dt in type_dict.items():
+        if name not in inputs:
+            raise PlanError(f"dtype given for {name!r}, but the symbol has no input "
+                            f"{name!r}; its inputs are {', '.join(sorted(inputs)[:12])}")
         if dt not in _DTYPES:
             raise PlanError(f"unknown dtype {dt!r} for {name!r}; use one of "
                             f"{', '.join(sorted(_DTYPES))}")
     req = normalize_grad_req(sym, shapes, grad_req)
     js = json.loads(sym.tojson())
+    check_supported(sym.tojson())
     internals = sym.get_internals()
     ijs = json.loads(internals.tojson())
     if [n["name"] for n in ijs["nodes"]] != [n["name"] for n in js["nodes"]]:
         raise PlanError("internal error: node order of the symbol and its internals differ")
     try:
         _, out_shapes, _ = internals.infer_shape_partial(**shapes)
-        types = {k: "float32" for k in shapes}
-        types.update(type_dict)
-        _, out_types, _ = internals.infer_type(**types)
     except Exception as exc:
         raise PlanError(f"shape inference failed: {_first_line(exc)}") from None
+    # as simple_bind: the given dtypes only, float32 for the inputs when none is given
+    types = dict(type_dict) if type_dict else {k: "float32" for k in shapes}
+    try:
+        _, out_types, _ = internals.infer_type_partial(**types)
+    except Exception as exc:
+        raise PlanError(f"dtype inference failed (type_dict / --dtype): "
+                        f"{_first_line(exc)}") from None
     vis: dict[tuple[int, int], int] = {(h[0], h[1]): i for i, h in enumerate(ijs["heads"])}
     unknown = [internals.list_outputs()[i] for i, s in enumerate(out_shapes)
                if not s or 0 in s]
@@ -148,7 +188,8 @@ def load_graph(source: Any, shapes: dict[str, Any], type_dict: dict[str, str] | 
         attrs = dict(jn.get("attrs", jn.get("attr", jn.get("param", {}))) or {})
         n_vis = sum(1 for (nid, _) in vis if nid == i)
         shp = [tuple(out_shapes[vis[(i, k)]]) for k in range(n_vis)]
-        dts = [_dtype_name(out_types[vis[(i, k)]]) if out_types else "float32"
+        dts = [_dtype_name(out_types[vis[(i, k)]])
+               if out_types and out_types[vis[(i, k)]] is not None else "float32"
                for k in range(n_vis)]
         node = Node(id=i, name=jn["name"], op=None if jn["op"] == "null" else jn["op"],
                     attrs=attrs, inputs=[(e[0], e[1]) for e in jn["inputs"]],
