@@ -64,9 +64,16 @@ def _sizes(node: Node) -> list[int]:
 
 
 def forward_order(graph: Graph) -> list[Node]:
-    """DFS post-order from the heads (MXNet's DFSVisit); equals JSON order for saved symbols."""
-    return [graph.nodes[i] for i in post_order(
-        [h[0] for h in graph.heads], lambda i: [src for src, _ in graph.nodes[i].inputs])]
+    """DFS post-order from the heads (MXNet's DFSVisit); equals JSON order for saved symbols.
+
+    Cached on the graph: planners build hundreds of training graphs from one forward graph.
+    """
+    cached = getattr(graph, "_forward_order", None)
+    if cached is None:
+        cached = [graph.nodes[i] for i in post_order(
+            [h[0] for h in graph.heads], lambda i: [src for src, _ in graph.nodes[i].inputs])]
+        graph._forward_order = cached
+    return cached
 
 
 def post_order(heads: Iterable, children) -> list:

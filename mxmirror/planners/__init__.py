@@ -9,6 +9,7 @@ from ..errors import PlanError
 from ..graph import Graph
 from ..plan import Plan
 from . import budget, cheap, none, optimal, sqrt
+from .common import prune_unread_mirrors, score
 
 POLICIES: dict[str, Callable[..., Plan]] = {
     "none": none.plan,
@@ -28,5 +29,10 @@ def make_plan(graph: Graph, policy: str = "sqrt", budget_bytes: int | None = Non
         raise PlanError("policy 'budget' needs a budget, e.g. --budget 800MB")
     start = time.perf_counter()
     plan = fn(graph, budget_bytes=budget_bytes)
+    kept = prune_unread_mirrors(graph, plan.mirror_ids)
+    if kept != plan.mirror_ids:
+        s = score(graph, kept)
+        plan.mirror_ids, plan.planned_bytes, plan.recompute_ratio = (
+            kept, s.planned_bytes, s.recompute_ratio)
     plan.plan_seconds = time.perf_counter() - start
     return plan

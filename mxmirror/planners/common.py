@@ -157,3 +157,21 @@ def greedy_cuts(order: list[Node], cuts: list[Cut], budget: float) -> list[Cut]:
             acc = 0
     return chosen
 
+
+
+def prune_unread_mirrors(graph: Graph, mirror: set[int]) -> set[int]:
+    """Drop mirrored nodes whose recomputed output nothing reads.
+
+    MXNet still builds such a mirror copy (a control dependency of the node's
+    backward pulls it in) but asks it to write nothing, which some ops refuse
+    at run time (Embedding: "req == kWriteTo") and which only costs memory.
+    """
+    mirror = set(mirror)
+    for _ in range(len(mirror) + 1):
+        tg = schedule.build(graph, mirror)
+        read = {id(src) for t in tg.nodes for src, _ in t.inputs}
+        unread = {t.fwd for t in tg.nodes if t.role == "mirror" and id(t) not in read}
+        if not unread:
+            return mirror
+        mirror -= unread
+    return mirror
