@@ -68,16 +68,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("memory", help="simulated MB per strategy and MXNet's own figure")
     _common(p)
     p.add_argument("--no-bind", action="store_true", help="skip MXNet's own figure")
-    p = sub.add_parser("viz", help="draw the plan (graphviz)")
+    p = sub.add_parser("viz", help="draw the plan (graphviz) and its memory timeline")
     _common(p)
-    p.add_argument("-o", "--output", required=True, help="FILE.dot|.svg|.pdf|.png")
+    p.add_argument("-o", "--output", help="graph drawing: FILE.dot|.gv|.svg|.pdf|.png")
+    p.add_argument("--collapse", default="none", metavar="MODE",
+                   help="none (every op node), block (one box per residual unit / LSTM "
+                        "step), segment (one box per segment), prefix:N (one box per run "
+                        "of names sharing their first N '_' parts)")
+    p.add_argument("--timeline", metavar="FILE.png",
+                   help="also plot live memory over the training step, no plan vs the plan")
     p = sub.add_parser("run", help="run a training script with every bind planned")
     p.add_argument("--policy", default="sqrt")
     p.add_argument("--budget", default=None)
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
     p = sub.add_parser("demo", help="plan the paper's ResNet and LSTM, print the table")
-    p.add_argument("--out", default="mxmirror-demo", help="folder for the graph dump")
+    p.add_argument("--out", default="mxmirror-demo",
+                   help="folder for the graph drawings and memory timelines")
     p.add_argument("--quick", action="store_true", help="small networks (seconds)")
     return parser
 
@@ -163,12 +170,21 @@ def cmd_memory(args) -> int:
 
 def cmd_viz(args) -> int:
     from .api import plan
-    from .viz import plot_plan
+    from .viz import check_collapse, check_outputs, plot_plan, plot_timeline
 
+    if not args.output and not args.timeline:
+        raise PlanError("nothing to draw: give -o FILE.svg (the graph) and/or "
+                        "--timeline FILE.png (memory over the training step)")
+    check_outputs(args.output, args.timeline)
+    collapse = check_collapse(args.collapse)
     sym, shapes, dtypes, budget = _load(args)
     p = plan(sym, policy=args.policy, budget=budget, type_dict=dtypes, **shapes)
-    written, note = plot_plan(p, args.output)
-    print(f"wrote {written}" + (f" ({note})" if note else ""))
+    print(p.summary())
+    if args.output:
+        written, note = plot_plan(p, args.output, collapse=collapse)
+        print(f"wrote {written}" + (f" ({note})" if note else ""))
+    if args.timeline:
+        print(f"wrote {plot_timeline(p, args.timeline)}")
     return 0
 
 

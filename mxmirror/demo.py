@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
 from . import mxnet_adapter
 from .api import plan_graph, prepare
 from .plan import annotate_json
-from .viz import plot_plan
+from .viz import plot_plan, plot_timeline
 
 
 def _networks(quick: bool):
@@ -26,6 +27,19 @@ def _networks(quick: bool):
              resnet.resnet([3, 120, 207, 3], act="leaky"), {"data": (32, 3, 224, 224)}),
             ("LSTM 4x1024, 200 steps, batch 64 (paper)", lstm.paper_lstm(200),
              lstm.input_shapes(200, 64))]
+
+
+def _draw(plan, stem: Path, title: str, done: list) -> None:
+    """The pictures of one network's plan: full DOT source, collapsed drawings, timeline."""
+    try:
+        done.append(plot_plan(plan, f"{stem}_{plan.policy}.dot"))
+        for mode, suffix in (("segment", "segments"), ("block", "blocks")):
+            done.append(plot_plan(plan, f"{stem}_{plan.policy}_{suffix}.svg", collapse=mode))
+        done.append((plot_timeline(plan, f"{stem}_timeline.png",
+                                   title=f"{title}: live memory, no plan vs {plan.policy}"),
+                     ""))
+    except Exception as exc:  # reported after the table, never hides it
+        done.append((None, f"drawing failed: {exc}"))
 
 
 def run_demo(out: Path, quick: bool = False) -> int:
@@ -46,15 +60,23 @@ def run_demo(out: Path, quick: bool = False) -> int:
                 dict(job, symbol=base.source_json, env={"MXNET_BACKWARD_DO_MIRROR": "1"})]
         jobs += [dict(job, symbol=annotate_json(p.source_json, p.mirror_ids))
                  for p in plans.values()]
+        # the drawings are made while MXNet binds in child processes
+        drawn: list = []
+        stem = out / ("resnet" if "ResNet" in title else "lstm")
+        drawer = threading.Thread(target=_draw, args=(plans["sqrt"], stem, title, drawn))
+        drawer.start()
         print("   binding in MXNet for its own figures ...", flush=True)
-        mb = mxnet_adapter.mxnet_mb_many(jobs)
+        try:
+            mb = mxnet_adapter.mxnet_mb_many(jobs)
+        finally:
+            drawer.join()
+        for written, note in drawn:
+            print(f"   wrote {written}" + (f" ({note})" if note else "") if written
+                  else f"   {note}", flush=True)
         rows.append((title, "no plan (sharing)", base.baseline_mb, mb[0], 0.0))
         rows.append((title, "MXNET_BACKWARD_DO_MIRROR=1", None, mb[1], None))
         for (name, p), m in zip(plans.items(), mb[2:]):
             rows.append((title, f"mxmirror {name}", p.planned_mb, m, p.recompute_ratio))
-        dump = out / ("resnet" if "ResNet" in title else "lstm")
-        written, note = plot_plan(plans["sqrt"], dump.with_suffix(".dot"))
-        print(f"   graph dump: {written}" + (f" ({note})" if note else ""))
     print()
     print("| network | plan | simulated MB | MXNet MB | extra forward |")
     print("|---|---|---:|---:|---:|")
