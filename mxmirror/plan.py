@@ -26,6 +26,9 @@ class Plan:
     skipped: dict[str, str] = field(default_factory=dict)  # node -> why it was not mirrored
     source_json: str | None = None  # the symbol as given, for Plan.symbol
     notes: list[str] = field(default_factory=list)
+    # segmented plans (several recomputations per node): a segmented.SegmentPlan, run by
+    # mxmirror.simple_bind through segmented.SegmentedExecutor; None for attribute plans
+    segmented: Any = None
 
     @property
     def mirrored(self) -> list[str]:
@@ -45,6 +48,12 @@ class Plan:
         """A copy of the symbol with the plan in its attributes; plain MXNet binds it."""
         import mxnet as mx
 
+        if self.segmented is not None:
+            from .errors import PlanError
+
+            raise PlanError(f"policy {self.policy!r} recomputes nodes more than once, which "
+                            f"MXNet's own executor cannot do: bind it with "
+                            f"mxmirror.simple_bind or inside mxmirror.enabled()")
         if self.source_json is None:
             raise ValueError("this plan was made from a graph without a symbol")
         return mx.sym.load_json(annotate_json(self.source_json, self.mirror_ids))
@@ -59,6 +68,7 @@ class Plan:
             "planned_mb": round(self.planned_mb, 3),
             "recompute_ratio": round(self.recompute_ratio, 4),
             "plan_seconds": round(self.plan_seconds, 3),
+            **({"segmented": self.segmented.describe()} if self.segmented is not None else {}),
         }
 
     def summary(self) -> str:
