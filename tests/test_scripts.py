@@ -1,0 +1,152 @@
+"""End-to-end runs of the reproduction scripts on tiny inputs (in-process, fast)."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import io
+import json
+import sys
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script(name: str):
+    path = ROOT / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_script_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses need the module registered
+    spec.loader.exec_module(module)
+    return module
+
+
+def _make_rec(directory: Path, n: int = 16, classes: int = 2, size: int = 36) -> Path:
+    """A tiny ImageNet-style .rec of generated JPEGs (PIL; mxnet's pack_img needs cv2)."""
+    from PIL import Image
+
+    rec_path, idx_path = directory / "tiny.rec", directory / "tiny.idx"
+    rec = mx.recordio.MXIndexedRecordIO(str(idx_path), str(rec_path), "w")
+    rng = np.random.RandomState(0)
+    for i in range(n):
+        label = i % classes
+        img = (rng.rand(size, size, 3) * 60 + label * 150).astype(np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(img).save(buf, format="JPEG")
+        header = mx.recordio.IRHeader(0, float(label), i, 0)
+        rec.write_idx(i, mx.recordio.pack(header, buf.getvalue()))
+    rec.close()
+    return rec_path
+
+
+def test_train_imagenet_on_tiny_rec(tmp_path: Path) -> None:
+    rec = _make_rec(tmp_path)
+    prefix = tmp_path / "ckpt" / "r8"
+    log = tmp_path / "log.json"
+    train = _script("train_imagenet")
+    common = ["--image-shape", "3,32,32", "--depth", "8", "--basic", "--num-classes", "2",
+              "--batch-size", "4", "--mirror", "sqrt", "--no-progress",
+              "--model-prefix", str(prefix)]
+    records = train.main(["--data-train", str(rec), "--data-val", str(rec), "--epochs", "2",
+                          "--num-batches", "3", "--log-json", str(log), *common])
+    assert json.loads(log.read_text()) == records
+    assert [r["epoch"] for r in records] == [0, 1]
+    for r in records:
+        assert r["batches"] == 3 and r["samples"] == 12
+        assert r["samples_per_second"] > 0 and r["peak_rss_mb"] > 0
+        assert 0 < r["predicted_mb"] < r["unplanned_mb"]
+        assert r["mxnet_mb"] is not None
+        assert np.isfinite(r["train_cross-entropy"]) and 0 <= r["val_accuracy"] <= 1
+    assert (tmp_path / "ckpt" / "r8-0002.params").exists()
+    # The checkpoint carries the plan and resumes.
+    saved = json.loads(mx.sym.load(f"{prefix}-symbol.json").tojson())
+    assert any(n.get("attrs", {}).get("__force_mirroring__") == "True"
+               for n in saved["nodes"])
+    resumed = train.main(["--data-train", str(rec), "--epochs", "1", "--num-batches", "1",
+                          "--load-epoch", "2", *common])
+    assert resumed[0]["epoch"] == 2 and (tmp_path / "ckpt" / "r8-0003.params").exists()
+
+
+def test_train_imagenet_synthetic_budget() -> None:
+    train = _script("train_imagenet")
+    records = train.main(["--synthetic", "--image-shape", "3,32,32", "--depth", "8",
+                          "--basic", "--num-classes", "3", "--batch-size", "2",
+                          "--num-batches", "2", "--mirror", "budget", "--budget", "3MB",
+                          "--no-progress"])
+    assert records[0]["batches"] == 2 and records[0]["predicted_mb"] <= 3
+
+
+def test_train_imagenet_bad_args() -> None:
+    train = _script("train_imagenet")
+    with pytest.raises(SystemExit):
+        train.parse_args(["--synthetic", "--mirror", "budget"])
+
+
+def _ptb_dir(directory: Path) -> Path:
+    rng = np.random.RandomState(1)
+    words = [f"w{i}" for i in range(12)] + ["<unk>"]
+    for name, n in (("ptb.train.txt", 60), ("ptb.valid.txt", 12)):
+        lines = [" ".join(rng.choice(words, rng.randint(3, 9))) for _ in range(n)]
+        (directory / name).write_text("\n".join(lines) + "\n")
+    return directory
+
+
+@pytest.mark.parametrize("bucketing", [False, True], ids=["fixed", "bucketing"])
+def test_train_ptb_tiny_corpus(tmp_path: Path, bucketing: bool) -> None:
+    ptb = _script("train_ptb")
+    data = _ptb_dir(tmp_path)
+    args = ["--data-dir", str(data), "--num-layers", "1", "--num-hidden", "8",
+            "--num-embed", "8", "--batch-size", "4", "--epochs", "2", "--num-batches", "3",
+            "--mirror", "sqrt", "--no-progress", "--lr", "0.1",
+            "--model-prefix", str(tmp_path / "ckpt" / "lm"),
+            "--log-json", str(tmp_path / "lm.json")]
+    args += ["--bucketing", "--buckets", "5,10"] if bucketing else ["--seq-len", "6"]
+    records = ptb.main(args)
+    assert len(records) == 2
+    for r in records:
+        assert 1 < r["train_perplexity"] < 100 and np.isfinite(r["valid_perplexity"])
+        assert r["batches"] == 3 and r["words"] > 0 and r["peak_rss_mb"] > 0
+        assert all(0 < mb for mb in r["predicted_mb"].values())
+    assert (tmp_path / "ckpt" / "lm-0002.params").exists()
+    assert json.loads((tmp_path / "lm.json").read_text())[1]["epoch"] == 1
+
+
+def test_train_ptb_synthetic_and_missing_files(tmp_path: Path) -> None:
+    ptb = _script("train_ptb")
+    records = ptb.main(["--synthetic", "--synthetic-sentences", "60", "--num-layers", "1",
+                        "--num-hidden", "8", "--num-embed", "8", "--batch-size", "4",
+                        "--seq-len", "5", "--num-batches", "2", "--mirror", "cheap",
+                        "--no-progress"])
+    assert records[0]["batches"] == 2
+    with pytest.raises(SystemExit, match="ptb.train.txt"):
+        ptb.main(["--data-dir", str(tmp_path)])
+
+
+def test_paper_figures_quick(tmp_path: Path) -> None:
+    figures = _script("paper_figures")
+    summary = figures.main(["--quick", "--out", str(tmp_path)])
+    for stem in ("fig5_resnet_memory", "fig6_lstm_memory", "fig7_time"):
+        for ext in ("csv", "md", "png"):
+            assert (tmp_path / f"{stem}.{ext}").stat().st_size > 0, f"{stem}.{ext}"
+    fig5 = summary["fig5"]
+    for r in fig5:
+        # The paper's ordering: each strategy needs no more than the one before.
+        assert r["none"] >= r["inplace"] >= r["sharing"] >= r["cheap"] >= r["sqrt"]
+        assert r["optimal"] <= r["sqrt"] * 1.001
+    measured = [r for r in fig5 if r["mxnet_sharing"] is not None]
+    assert measured, "no MXNet bind in quick mode"
+    for r in measured:  # MXNet prints whole MB, floored
+        assert 0 <= r["sharing"] - r["mxnet_sharing"] < 1
+        assert 0 <= r["sqrt"] - r["mxnet_sqrt"] < 1
+    md = (tmp_path / "fig5_resnet_memory.md").read_text()
+    assert "not available" in md  # the recursive column, no invented numbers
+    with open(tmp_path / "fig6_lstm_memory.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["steps"]) for r in rows] == figures.QUICK["lstm_steps"]
+    assert all(r["recursive"] == "" for r in rows)
+    assert all(r["time_ratio"] > 0 for r in summary["fig7"])
