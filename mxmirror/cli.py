@@ -179,12 +179,17 @@ def cmd_viz(args) -> int:
     collapse = check_collapse(args.collapse)
     sym, shapes, dtypes, budget = _load(args)
     p = plan(sym, policy=args.policy, budget=budget, type_dict=dtypes, **shapes)
-    print(p.summary())
+    lines, written = [p.summary()], {}
     if args.output:
-        written, note = plot_plan(p, args.output, collapse=collapse)
-        print(f"wrote {written}" + (f" ({note})" if note else ""))
+        path, note = plot_plan(p, args.output, collapse=collapse)
+        written["graph"] = str(path)
+        lines.append(f"wrote {path}" + (f" ({note})" if note else ""))
+        if note:
+            written["note"] = note
     if args.timeline:
-        print(f"wrote {plot_timeline(p, args.timeline)}")
+        written["timeline"] = str(plot_timeline(p, args.timeline))
+        lines.append(f"wrote {written['timeline']}")
+    print(json.dumps(dict(p.to_dict(), written=written)) if args.json else "\n".join(lines))
     return 0
 
 

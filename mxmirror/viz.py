@@ -353,11 +353,12 @@ def _box(plan: Plan, g: Group, collapse, seg_label: str) -> str:
     if collapse == "segment":
         head = seg_label.split(":")[0]
         label = (f"{head}  ({len(g.ids)} nodes)\n{first} .. {last}\n{fmt_mb(mb)} forward, "
-                 f"{g.count['recomputed']} recomputed, {g.count['checkpoint']} checkpoint"
-                 f"{'s' * (g.count['checkpoint'] != 1)}")
+                 f"{g.count['recomputed']} recomputed, {g.count['kept']} kept, "
+                 f"{g.count['checkpoint']} checkpoint{'s' * (g.count['checkpoint'] != 1)}")
     else:
         label = (f"{g.key.split(chr(0))[0] or first}  ({len(g.ids)} nodes)\n{fmt_mb(mb)}   "
                  f"{g.count['recomputed']} recomputed"
+                 + (f", {g.count['kept']} kept" if g.count["kept"] else "")
                  + (f", {g.count['checkpoint']} ckpt" if g.count["checkpoint"] else ""))
     total = mb or 1.0
     parts = [(r, g.mb[r] / total) for r in ROLES if g.count[r]]

@@ -7,6 +7,7 @@ so that node classes, styles and labels are checked, not just substrings.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -225,6 +226,9 @@ def test_viz_command(graph_source, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert f"wrote {out}" in printed and "t.png" in printed
     assert out.stat().st_size > 0 and (tmp_path / "t.png").stat().st_size > 0
+    assert cli.main(argv[:-2] + ["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["policy"] == "sqrt" and data["written"]["graph"] == str(out)
 
 
 @pytest.mark.parametrize("extra, message", [
