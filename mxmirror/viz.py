@@ -438,10 +438,16 @@ def timeline(graph, mirror_ids: set[int]) -> Timeline:
     return Timeline(live, sim.total_bytes, len(live) if bwd is None else bwd, rec)
 
 
-def timeline_data(plan: Plan) -> dict[str, Timeline]:
-    """{'sharing': no plan, 'plan': the plan}."""
-    return {"sharing": timeline(plan.graph, set()), "plan": timeline(plan.graph,
-                                                                      plan.mirror_ids)}
+def timeline_data(plan: Plan) -> dict[str, Timeline | None]:
+    """{'sharing': no plan, 'plan': the plan}.
+
+    A segmented plan (several recomputations per node, run by the segmented
+    executor) has no single MXNet schedule to replay: its 'plan' is None and
+    only its planned total is known.
+    """
+    segmented = getattr(plan, "segmented", None) is not None
+    return {"sharing": timeline(plan.graph, set()),
+            "plan": None if segmented else timeline(plan.graph, plan.mirror_ids)}
 
 
 def plot_timeline(plan: Plan, path: str | Path, title: str | None = None) -> Path:
@@ -459,21 +465,28 @@ def plot_timeline(plan: Plan, path: str | Path, title: str | None = None) -> Pat
     ax = fig.add_subplot(1, 1, 1)
     ax.plot(range(len(base.live)), [b * mb for b in base.live], color="#546e7a", lw=1.2,
             label=f"no plan (sharing): live, total allocated {base.total_bytes * mb:.0f} MB")
-    ax.plot(range(len(planned.live)), [b * mb for b in planned.live], color="#e65100",
-            lw=1.2, label=f"{plan.policy} plan: live, total allocated "
-                          f"{planned.total_bytes * mb:.0f} MB")
+    if planned is not None:
+        ax.plot(range(len(planned.live)), [b * mb for b in planned.live], color="#e65100",
+                lw=1.2, label=f"{plan.policy} plan: live, total allocated "
+                              f"{planned.total_bytes * mb:.0f} MB")
+        ax.axhline(planned.total_bytes * mb, color="#e65100", ls="--", lw=1)
+        if planned.recompute_at:
+            ax.plot(planned.recompute_at, [0] * len(planned.recompute_at), "|",
+                    color="#fb8c00", ms=8,
+                    label=f"recomputation ({len(planned.recompute_at)} mirror nodes)")
+    else:
+        ax.axhline(plan.planned_bytes * mb, color="#e65100", ls="--", lw=1,
+                   label=f"{plan.policy} plan: total {plan.planned_bytes * mb:.0f} MB "
+                         "(segmented executor: no per-node curve)")
     ax.axhline(base.total_bytes * mb, color="#546e7a", ls="--", lw=1)
-    ax.axhline(planned.total_bytes * mb, color="#e65100", ls="--", lw=1)
     ax.axvline(base.backward_start, color="black", ls=":", lw=1)
-    top = max(base.total_bytes, planned.total_bytes) * mb
+    top = max(base.total_bytes, plan.planned_bytes if planned is None
+              else planned.total_bytes) * mb
     ax.text(base.backward_start, top * 1.03, "forward  ", fontsize=9, va="bottom",
             ha="right")
     ax.text(base.backward_start, top * 1.03, "  backward", fontsize=9, va="bottom")
-    if planned.recompute_at:
-        ax.plot(planned.recompute_at, [0] * len(planned.recompute_at), "|", color="#fb8c00",
-                ms=8, label=f"recomputation ({len(planned.recompute_at)} mirror nodes)")
     ax.set_ylim(0, top * 1.12)
-    ax.set_xlim(0, max(len(base.live), len(planned.live)))
+    ax.set_xlim(0, max(len(base.live), len(planned.live) if planned else 0))
     ax.set_xlabel("training-graph op node, in MXNet's execution order")
     ax.set_ylabel("MB (MXNet counting: 4 bytes per element)")
     ax.set_title(title or (f"Memory over one training step: policy={plan.policy}, "

@@ -246,3 +246,17 @@ def test_viz_command_bad_input(tmp_path, capsys, extra, message):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("mxmirror: error: ") and message in err[-1]
     assert not list(Path(tmp_path).glob("x.*"))
+
+
+def test_segmented_plan_draws(graph_source, tmp_path):
+    """recursive plans run on the segmented executor: drawn, timeline without a plan curve."""
+    from mxmirror.planners import POLICIES
+
+    if "recursive" not in POLICIES:
+        pytest.skip("no recursive policy")
+    p = plan_graph(*graph_source, "recursive")
+    nodes, _ = parse_dot(viz.to_dot(p))
+    assert any(a["class"] == "recomputed" for a in nodes.values())
+    data = viz.timeline_data(p)
+    assert data["plan"] is None and data["sharing"].total_bytes == p.baseline_bytes
+    assert viz.plot_timeline(p, tmp_path / "t.png").stat().st_size > 10_000
