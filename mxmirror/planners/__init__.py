@@ -9,7 +9,6 @@ from ..errors import PlanError
 from ..graph import Graph
 from ..plan import Plan
 from . import budget, cheap, multilevel, none, optimal, recursive, sqrt
-from .common import prune_unread_mirrors, score
 
 POLICIES: dict[str, Callable[..., Plan]] = {
     "none": none.plan,
@@ -31,11 +30,10 @@ def make_plan(graph: Graph, policy: str = "sqrt", budget_bytes: int | None = Non
         raise PlanError(f"policy {policy!r} needs a budget, e.g. --budget 800MB")
     start = time.perf_counter()
     plan = fn(graph, budget_bytes=budget_bytes)
-    kept = plan.mirror_ids if plan.segmented is not None else prune_unread_mirrors(
-        graph, plan.mirror_ids)  # a segmented plan's mirror_ids only name what reruns
-    if kept != plan.mirror_ids:
-        s = score(graph, kept)
-        plan.mirror_ids, plan.planned_bytes, plan.recompute_ratio = (
-            kept, s.planned_bytes, s.recompute_ratio)
+    if plan.segmented is None and plan.planned_bytes > plan.baseline_bytes:
+        # never worse than no plan
+        plan.mirror_ids, plan.checkpoints = set(), []
+        plan.planned_bytes, plan.recompute_ratio = plan.baseline_bytes, 0.0
+        plan.notes.append("no recomputation lowers memory here: the graph is left as it is")
     plan.plan_seconds = time.perf_counter() - start
     return plan

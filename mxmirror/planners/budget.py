@@ -34,11 +34,26 @@ def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
             options.append((m, chosen, score(graph, m)))
     fits = [o for o in options if o[2].planned_bytes <= budget_bytes]
     if not fits:
-        smallest = min(o[2].planned_bytes for o in options)
-        raise PlanError(f"budget {budget_bytes / 2**20:.0f} MB is below the smallest planned "
-                        f"memory reachable with at most one recomputation per node "
-                        f"({smallest / 2**20:.0f} MB); raise the budget")
+        return _multilevel(graph, budget_bytes, base.planned_bytes,
+                           min(o[2].planned_bytes for o in options))
     mirror, chosen, s = min(fits, key=lambda o: (o[2].recompute_ratio, o[2].planned_bytes))
     ckpts = [graph.nodes[i].name for c in chosen for i in sorted(c.keep)]
-    return Plan("budget", graph, mirror, ckpts, base.planned_bytes, s.planned_bytes,
+    return Plan("budget", graph, set(s.mirror), ckpts, base.planned_bytes, s.planned_bytes,
                 s.recompute_ratio, skipped=_names(graph, blockers))
+
+
+def _multilevel(graph: Graph, budget_bytes: int, baseline: int, one_recompute: int) -> Plan:
+    """No plan with one recomputation per node fits: recompute several times (the multi-level
+    DP run by the segmented executor), or say what the smallest reachable figure is."""
+    from . import multilevel
+
+    try:
+        sp = multilevel.plan_for_budget(graph, budget_bytes)
+    except PlanError as exc:
+        raise PlanError(f"{exc} (with at most one recomputation per node: "
+                        f"{one_recompute / 2**20:.0f} MB)") from None
+    return multilevel.segmented_plan(
+        "budget", graph, sp, baseline,
+        notes=[f"no plan with one recomputation per node fits (smallest "
+               f"{one_recompute / 2**20:.0f} MB): segments are recomputed several times "
+               f"by the segmented executor"])

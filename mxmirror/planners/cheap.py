@@ -18,7 +18,7 @@ def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
     s = score(graph, mirror)
     if s.planned_bytes >= base.planned_bytes:  # nothing to gain: keep the graph as it is
         mirror, s = set(), base
-    return Plan("cheap", graph, mirror, [], base.planned_bytes, s.planned_bytes,
+    return Plan("cheap", graph, set(s.mirror), [], base.planned_bytes, s.planned_bytes,
                 s.recompute_ratio, skipped=_names(graph, blockers))
 
 

@@ -111,15 +111,31 @@ def tagged_cuts(graph: Graph, order: list[Node], pos: dict[int, int]) -> list[Cu
 class Score:
     planned_bytes: int
     recompute_ratio: float
+    mirror: frozenset[int] = frozenset()  # the mirror set scored, unread mirrors dropped
 
 
 def score(graph: Graph, mirror: set[int]) -> Score:
-    """Simulate MXNet's planner for a mirror set; no bind."""
-    tg = schedule.build(graph, mirror)
+    """Simulate MXNet's planner for a mirror set; no bind.
+
+    Mirrored nodes whose recomputed output nothing reads are dropped first:
+    MXNet would still build them (a backward control dependency pulls them in)
+    but ask them to write nothing, which some ops refuse at run time
+    (Embedding: "req == kWriteTo") and which only costs memory.
+    """
+    mirror = set(mirror)
+    while True:
+        tg = schedule.build(graph, mirror)
+        if not mirror:
+            break
+        read = {id(src) for t in tg.nodes for src, _ in t.inputs}
+        unread = {t.fwd for t in tg.nodes if t.role == "mirror" and id(t) not in read}
+        if not unread:
+            break
+        mirror -= unread
     planned = memory.simulate(tg).total_bytes
     total = graph.forward_flops or 1.0
     extra = sum(graph.nodes[t.fwd].flops for t in tg.nodes if t.role == "mirror")
-    return Score(planned, extra / total)
+    return Score(planned, extra / total, frozenset(mirror))
 
 
 def segment_mirror(graph: Graph, order: list[Node], cuts: list[Cut],
@@ -158,20 +174,3 @@ def greedy_cuts(order: list[Node], cuts: list[Cut], budget: float) -> list[Cut]:
     return chosen
 
 
-
-def prune_unread_mirrors(graph: Graph, mirror: set[int]) -> set[int]:
-    """Drop mirrored nodes whose recomputed output nothing reads.
-
-    MXNet still builds such a mirror copy (a control dependency of the node's
-    backward pulls it in) but asks it to write nothing, which some ops refuse
-    at run time (Embedding: "req == kWriteTo") and which only costs memory.
-    """
-    mirror = set(mirror)
-    for _ in range(len(mirror) + 1):
-        tg = schedule.build(graph, mirror)
-        read = {id(src) for t in tg.nodes for src, _ in t.inputs}
-        unread = {t.fwd for t in tg.nodes if t.role == "mirror" and id(t) not in read}
-        if not unread:
-            return mirror
-        mirror -= unread
-    return mirror

@@ -172,7 +172,7 @@ def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
                         best, budgets = (s, mirror, chosen), trial
     s, mirror, chosen = _local_search(graph, order, cuts, blockers, *best)
     ckpts = [graph.nodes[i].name for c in chosen for i in sorted(c.keep)]
-    return Plan("optimal", graph, mirror, ckpts, base.planned_bytes, s.planned_bytes,
+    return Plan("optimal", graph, set(s.mirror), ckpts, base.planned_bytes, s.planned_bytes,
                 s.recompute_ratio, skipped=_names(graph, blockers))
 
 

@@ -79,5 +79,5 @@ def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
         return p
     s, mirror, chosen = result
     ckpts = [graph.nodes[i].name for c in chosen for i in sorted(c.keep)]
-    return Plan("sqrt", graph, mirror, ckpts, base.planned_bytes, s.planned_bytes,
+    return Plan("sqrt", graph, set(s.mirror), ckpts, base.planned_bytes, s.planned_bytes,
                 s.recompute_ratio, skipped=_names(graph, blockers))
