@@ -1,0 +1,327 @@
+"""The bind-time hook: unchanged training code (Module, BucketingModule,
+Symbol.bind, ``mxmirror run``, MXMIRROR_POLICY) trains with the plan, and
+trains exactly as it would without it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+import mxmirror
+from symbols.lstm import ptb_lm
+from symbols.resnet import resnet_by_depth
+
+ROOT = Path(__file__).resolve().parents[1]
+BATCH, NUM_BATCHES, CLASSES = 4, 3, 10
+SHAPE = (3, 32, 32)
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def _net() -> mx.sym.Symbol:
+    return resnet_by_depth(8, bottleneck=False, num_classes=CLASSES, image_shape=SHAPE)
+
+
+def _data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.RandomState(3)
+    x = rng.uniform(-1, 1, (BATCH * NUM_BATCHES, *SHAPE)).astype(np.float32)
+    y = rng.randint(0, CLASSES, BATCH * NUM_BATCHES).astype(np.float32)
+    return x, y
+
+
+def _params(sym: mx.sym.Symbol) -> tuple[dict, dict]:
+    """Seeded initial parameters and aux states, as NDArrays."""
+    arg_shapes, _, aux_shapes = sym.infer_shape(data=(BATCH, *SHAPE), softmax_label=(BATCH,))
+    rng = np.random.RandomState(0)
+    args = {}
+    for name, shape in zip(sym.list_arguments(), arg_shapes):
+        if name in ("data", "softmax_label"):
+            continue
+        scale = np.sqrt(3.0 / max(int(np.prod(shape[1:])), 1)) if len(shape) > 1 else 0.5
+        args[name] = mx.nd.array(rng.uniform(-scale, scale, shape))
+    aux = {name: mx.nd.array(rng.uniform(0.5, 1.5, shape) if "var" in name
+                             else rng.uniform(-0.1, 0.1, shape))
+           for name, shape in zip(sym.list_auxiliary_states(), aux_shapes)}
+    return args, aux
+
+
+def _train_module(contexts) -> mx.mod.Module:
+    """Two-to-three batches of plain Module training with sgd."""
+    sym = _net()
+    x, y = _data()
+    it = mx.io.NDArrayIter(x, y, batch_size=BATCH, label_name="softmax_label")
+    mod = mx.mod.Module(sym, context=contexts)
+    mod.bind(data_shapes=it.provide_data, label_shapes=it.provide_label)
+    args, aux = _params(sym)
+    mod.init_params(arg_params=args, aux_params=aux)
+    mod.init_optimizer(optimizer="sgd", optimizer_params={"learning_rate": 0.1})
+    for batch in it:
+        mod.forward_backward(batch)
+        mod.update()
+    mx.nd.waitall()
+    return mod
+
+
+def _dicts(mod: mx.mod.Module) -> tuple[dict, dict]:
+    ex = mod._exec_group.execs[0]
+    return ({k: v.asnumpy() for k, v in ex.arg_dict.items()},
+            {k: v.asnumpy() for k, v in ex.aux_dict.items()})
+
+
+def _assert_same(a: dict, b: dict, what: str) -> None:
+    assert a.keys() == b.keys()
+    bad = [k for k in a if not np.allclose(a[k], b[k], rtol=RTOL, atol=ATOL)]
+    assert not bad, f"{what} differ: {bad[:5]}"
+
+
+def _mirrored(ex) -> bool:
+    return "_mirror" in ex.debug_str()
+
+
+# ------------------------------------------------------------------ Module
+@pytest.fixture(scope="module")
+def unplanned_module() -> mx.mod.Module:
+    return _train_module(mx.cpu())
+
+
+def test_module_one_context_identical(unplanned_module) -> None:
+    with mxmirror.enabled("sqrt"):
+        planned = _train_module(mx.cpu())
+    assert _mirrored(planned._exec_group.execs[0])
+    assert not _mirrored(unplanned_module._exec_group.execs[0])
+    base_args, base_aux = _dicts(unplanned_module)
+    args, aux = _dicts(planned)
+    # the parameters really moved, so the comparison is not vacuous
+    init_args, init_aux = _params(_net())
+    assert any(not np.allclose(base_args[k], v.asnumpy()) for k, v in init_args.items())
+    assert any(not np.allclose(base_aux[k], v.asnumpy()) for k, v in init_aux.items())
+    _assert_same(base_args, args, "parameters")
+    _assert_same(base_aux, aux, "BatchNorm aux states")
+
+
+def test_hook_off_outside_block() -> None:
+    with mxmirror.enabled("sqrt"):
+        pass
+    ex = _net().simple_bind(mx.cpu(), data=(BATCH, *SHAPE), softmax_label=(BATCH,))
+    assert not _mirrored(ex)
+
+
+def test_enable_disable() -> None:
+    mxmirror.enable("sqrt")
+    try:
+        ex = _net().simple_bind(mx.cpu(), data=(BATCH, *SHAPE), softmax_label=(BATCH,))
+        assert _mirrored(ex)
+    finally:
+        mxmirror.disable()
+    ex = _net().simple_bind(mx.cpu(), data=(BATCH, *SHAPE), softmax_label=(BATCH,))
+    assert not _mirrored(ex)
+
+
+def test_module_two_contexts() -> None:
+    ctxs = [mx.cpu(0), mx.cpu(1)]
+    base = _train_module(ctxs)
+    with mxmirror.enabled("sqrt"):
+        planned = _train_module(ctxs)
+    assert len(planned._exec_group.execs) == 2
+    for ex in planned._exec_group.execs:
+        assert _mirrored(ex)
+    # BatchNorm aux states differ even between two unplanned runs on two
+    # contexts, so only the parameters are compared.
+    _assert_same(_dicts(base)[0], _dicts(planned)[0], "parameters (two contexts)")
+
+
+# ------------------------------------------------------------------ BucketingModule
+VOCAB, LM_BATCH, LM_HIDDEN, BUCKETS = 20, 4, 16, (3, 5)
+
+
+def _lm_explicit_state(seq_len: int) -> mx.sym.Symbol:
+    """ptb_lm with the begin states as (learned) variables instead of mx.rnn's zeros."""
+    data = mx.sym.Variable("data")
+    label = mx.sym.Variable("softmax_label")
+    embed = mx.sym.Embedding(data, input_dim=VOCAB, output_dim=8, name="embed")
+    stack = mx.rnn.SequentialRNNCell()
+    for i in range(2):
+        stack.add(mx.rnn.LSTMCell(num_hidden=LM_HIDDEN, prefix=f"lstm_l{i}_"))
+    begin = [mx.sym.Variable(f"begin_{i}", shape=(LM_BATCH, LM_HIDDEN), init=mx.init.Zero())
+             for i in range(4)]
+    outputs, _ = stack.unroll(seq_len, inputs=embed, begin_state=begin, layout="NTC",
+                              merge_outputs=True)
+    pred = mx.sym.Reshape(outputs, shape=(-1, LM_HIDDEN), name="pred_reshape")
+    pred = mx.sym.FullyConnected(pred, num_hidden=VOCAB, name="pred")
+    label = mx.sym.Reshape(label, shape=(-1,), name="label_reshape")
+    return mx.sym.SoftmaxOutput(pred, label, name="softmax")
+
+
+def _ptb_lm(seq_len: int) -> mx.sym.Symbol:
+    return ptb_lm(seq_len, VOCAB, num_layers=2, num_hidden=LM_HIDDEN, num_embed=8)
+
+
+@pytest.mark.parametrize("make", [_ptb_lm, _lm_explicit_state],
+                         ids=["ptb_lm", "explicit_begin_state"])
+def test_bucketing_module_all_buckets_planned(make) -> None:
+    def sym_gen(seq_len):
+        return make(seq_len), ("data",), ("softmax_label",)
+
+    rng = np.random.RandomState(0)
+    mx.random.seed(0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with mxmirror.enabled("sqrt"):
+            mod = mx.mod.BucketingModule(sym_gen, default_bucket_key=max(BUCKETS),
+                                         context=mx.cpu())
+            mod.bind(data_shapes=[("data", (LM_BATCH, max(BUCKETS)))],
+                     label_shapes=[("softmax_label", (LM_BATCH, max(BUCKETS)))])
+            mod.init_params(initializer=mx.init.Xavier())
+            mod.init_optimizer(optimizer="sgd", optimizer_params={"learning_rate": 0.1})
+            for key in (*BUCKETS, *BUCKETS):
+                data = mx.nd.array(rng.randint(0, VOCAB, (LM_BATCH, key)))
+                label = mx.nd.array(rng.randint(0, VOCAB, (LM_BATCH, key)))
+                db = mx.io.DataBatch(
+                    [data], [label], bucket_key=key,
+                    provide_data=[mx.io.DataDesc("data", data.shape)],
+                    provide_label=[mx.io.DataDesc("softmax_label", label.shape)])
+                mod.forward(db, is_train=True)
+                mod.backward()
+                mod.update()
+                out = mod.get_outputs()[0].asnumpy()
+                assert out.shape == (LM_BATCH * key, VOCAB) and np.isfinite(out).all()
+    failures = [str(w.message) for w in caught if "planning failed" in str(w.message)]
+    assert not failures, failures
+    assert set(BUCKETS) <= set(mod._buckets)
+    for key in BUCKETS:
+        for ex in mod._buckets[key]._exec_group.execs:
+            assert _mirrored(ex), f"bucket {key} not planned"
+    args, _ = mod.get_params()
+    assert all(np.isfinite(v.asnumpy()).all() for v in args.values())
+
+
+# ------------------------------------------------------------------ Symbol.bind / simple_bind
+def test_symbol_bind_with_explicit_arrays_is_planned() -> None:
+    sym = _net()
+    x, y = _data()
+    args, aux = _params(sym)
+
+    def run():
+        arrays = dict(args, data=mx.nd.array(x[:BATCH]), softmax_label=mx.nd.array(y[:BATCH]))
+        arrays = {k: v.copy() for k, v in arrays.items()}
+        grads = {k: mx.nd.zeros(v.shape) for k, v in arrays.items()
+                 if k not in ("data", "softmax_label")}
+        ex = sym.bind(mx.cpu(), args=arrays, args_grad=grads,
+                      aux_states={k: v.copy() for k, v in aux.items()})
+        ex.forward(is_train=True)
+        ex.backward()
+        return ex, {k: g.asnumpy() for k, g in grads.items()}, ex.outputs[0].asnumpy()
+
+    base_ex, base_grads, base_out = run()
+    with mxmirror.enabled("sqrt"):
+        ex, grads, out = run()
+    assert not _mirrored(base_ex)
+    assert _mirrored(ex)
+    assert np.allclose(out, base_out, rtol=RTOL, atol=ATOL)
+    _assert_same(base_grads, grads, "gradients")
+
+
+def test_symbol_bind_without_grads_is_left_alone() -> None:
+    sym = _net()
+    args, aux = _params(sym)
+    arrays = dict(args, data=mx.nd.zeros((BATCH, *SHAPE)), softmax_label=mx.nd.zeros(BATCH))
+    with mxmirror.enabled("sqrt"):
+        ex = sym.bind(mx.cpu(), args=arrays, aux_states=aux, grad_req="null")
+        ex.forward(is_train=False)
+    assert not _mirrored(ex)
+
+
+def test_simple_bind_function() -> None:
+    sym = _net()
+    ex = mxmirror.simple_bind(sym, mx.cpu(), policy="sqrt", data=(BATCH, *SHAPE),
+                              softmax_label=(BATCH,))
+    assert _mirrored(ex)
+    ex.forward(is_train=True)
+    ex.backward()
+    assert ex.outputs[0].shape == (BATCH, CLASSES)
+
+
+# ------------------------------------------------------------------ failure falls back
+def test_planning_failure_warns_and_binds_unplanned(unplanned_module) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with mxmirror.enabled("budget", budget="1KB"):
+            mod = _train_module(mx.cpu())
+    msgs = [str(w.message) for w in caught]
+    assert any("mxmirror" in m and "planning failed" in m for m in msgs), msgs
+    assert not _mirrored(mod._exec_group.execs[0])
+    _assert_same(_dicts(unplanned_module)[0], _dicts(mod)[0], "parameters")
+
+
+# ------------------------------------------------------------------ subprocesses
+TRAIN_SCRIPT = """
+import sys
+import mxnet as mx
+import numpy as np
+
+data = mx.sym.Variable("data")
+x = data
+for i in range(6):
+    x = mx.sym.FullyConnected(x, num_hidden=64, name=f"fc{i}")
+    x = mx.sym.BatchNorm(x, name=f"bn{i}")
+    x = mx.sym.Activation(x, act_type="relu", name=f"relu{i}")
+x = mx.sym.FullyConnected(x, num_hidden=10, name="out")
+sym = mx.sym.SoftmaxOutput(x, name="softmax")
+rng = np.random.RandomState(0)
+it = mx.io.NDArrayIter(rng.uniform(size=(24, 32)), rng.randint(0, 10, 24), batch_size=8)
+mod = mx.mod.Module(sym, context=mx.cpu())
+mod.fit(it, num_epoch=1, optimizer="sgd", optimizer_params={"learning_rate": 0.1})
+ex = mod._exec_group.execs[0]
+print("trained", "mirror=" + str("_mirror" in ex.debug_str()), "argv=" + ",".join(sys.argv[1:]))
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MXMIRROR_")}
+    env.update(extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def test_mxmirror_run_cli(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN_SCRIPT)
+    proc = subprocess.run([sys.executable, "-m", "mxmirror", "run", "--policy", "sqrt",
+                           str(script), "--epochs", "1"], capture_output=True, text=True,
+                          cwd=tmp_path, env=_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "mxmirror: policy=sqrt" in proc.stderr
+    assert "trained mirror=True argv=--epochs,1" in proc.stdout
+
+
+def test_env_policy_at_import(tmp_path: Path) -> None:
+    code = textwrap.dedent("""
+        import mxmirror
+        from symbols.resnet import resnet_by_depth
+        import mxnet as mx
+        sym = resnet_by_depth(8, bottleneck=False, num_classes=10, image_shape=(3, 32, 32))
+        ex = sym.simple_bind(mx.cpu(), data=(4, 3, 32, 32), softmax_label=(4,))
+        print("mirror=" + str("_mirror" in ex.debug_str()))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=tmp_path, env=_env(MXMIRROR_POLICY="cheap"), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "mxmirror: policy=cheap" in proc.stderr
+    assert "mirror=True" in proc.stdout
+
+
+def test_env_bad_policy_warns_and_imports(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", "import mxmirror; print('imported')"],
+                          capture_output=True, text=True, cwd=tmp_path,
+                          env=_env(MXMIRROR_POLICY="bogus"), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "imported" in proc.stdout
+    assert "MXMIRROR_POLICY ignored" in proc.stderr

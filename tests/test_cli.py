@@ -1,0 +1,279 @@
+"""The ``mxmirror`` command line: plan, memory, and the bad-input contract.
+
+Bad input ends with exit code 2, a last stderr line starting
+``mxmirror: error:`` and no Python traceback.  The table of bad inputs is
+checked in-process (``cli.main`` with file-descriptor capture, so MXNet's own
+C++ log lines are seen too) and a few rows again as real processes.
+``python tests/test_cli.py`` regenerates docs/bad_input.md from real runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import mxnet as mx
+import pytest
+
+from mxmirror import cli
+from symbols.resnet import resnet_by_depth
+
+ROOT = Path(__file__).resolve().parents[1]
+DESIGN_KEYS = {"policy", "nodes", "mirrored", "checkpoints", "baseline_mb", "planned_mb",
+               "recompute_ratio", "plan_seconds"}
+
+
+def _fc_net() -> mx.sym.Symbol:
+    x = mx.sym.Variable("data")
+    for i in range(3):
+        x = mx.sym.FullyConnected(x, num_hidden=32, name=f"fc{i}")
+        x = mx.sym.Activation(x, act_type="relu", name=f"relu{i}")
+    x = mx.sym.FullyConnected(x, num_hidden=10, name="out")
+    return mx.sym.SoftmaxOutput(x, name="softmax")
+
+
+def make_files(folder: Path) -> dict[str, Path]:
+    """The symbol files (good and bad) the CLI tests and the doc generator use."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"resnet": folder / "resnet8-symbol.json", "fc": folder / "fc-symbol.json",
+             "truncated": folder / "truncated.json", "notsym": folder / "notsym.json",
+             "binary": folder / "binary.json", "dir": folder / "adir.json",
+             "missing": folder / "missing.json"}
+    resnet_by_depth(8, bottleneck=False, num_classes=10, image_shape=(3, 32, 32)).save(
+        str(files["resnet"]))
+    _fc_net().save(str(files["fc"]))
+    text = files["resnet"].read_text()
+    files["truncated"].write_text(text[: len(text) // 2])
+    files["notsym"].write_text(json.dumps({"name": "model", "layers": [1, 2, 3]}))
+    files["binary"].write_bytes(b"\xff\xfe\x00\x01garbage\x80\x81")
+    files["dir"].mkdir(exist_ok=True)
+    return files
+
+
+# (id, what is wrong, argv with {placeholders} for files)
+BAD_INPUTS = [
+    ("missing_file", "symbol file does not exist",
+     "plan {missing} --shape data=4,3,32,32"),
+    ("truncated_json", "truncated JSON file",
+     "plan {truncated} --shape data=4,3,32,32"),
+    ("binary_file", "binary (non-UTF-8) file",
+     "plan {binary} --shape data=4,3,32,32"),
+    ("directory", "a directory instead of a file",
+     "plan {dir} --shape data=4,3,32,32"),
+    ("not_a_symbol", "valid JSON that is not a symbol",
+     "plan {notsym} --shape data=4,3,32,32"),
+    ("no_shape", "no --shape", "plan {resnet}"),
+    ("malformed_shape", "malformed --shape", "plan {resnet} --shape data=3,x"),
+    ("non_integer_shape", "non-integer dimension", "plan {resnet} --shape data=3,abc"),
+    ("shape_without_name", "--shape without NAME=", "plan {resnet} --shape 4,3,32,32"),
+    ("unknown_input", "shape for an input the symbol does not have",
+     "plan {resnet} --shape image=4,3,32,32"),
+    ("negative_dim", "negative dimension", "plan {resnet} --shape data=-4,3,32,32"),
+    ("zero_dim", "zero dimension", "plan {resnet} --shape data=0,3,32,32"),
+    ("unknown_dtype", "unknown dtype",
+     "plan {resnet} --shape data=4,3,32,32 --dtype float17"),
+    ("unknown_policy", "unknown policy",
+     "plan {resnet} --shape data=4,3,32,32 --policy fastest"),
+    ("impossible_budget", "budget below anything reachable",
+     "plan {resnet} --shape data=4,3,32,32 --policy budget --budget 1KB"),
+    ("budget_missing", "budget policy without --budget",
+     "plan {resnet} --shape data=4,3,32,32 --policy budget"),
+    ("malformed_budget", "malformed --budget",
+     "plan {resnet} --shape data=4,3,32,32 --policy budget --budget lots"),
+    ("negative_budget", "negative --budget",
+     "plan {resnet} --shape data=4,3,32,32 --policy budget --budget=-5MB"),
+    ("zero_budget", "zero --budget",
+     "plan {resnet} --shape data=4,3,32,32 --policy budget --budget 0"),
+    ("inference_impossible", "only the label shape given: data shape cannot be inferred",
+     "plan {fc} --shape softmax_label=4"),
+    ("wrong_rank", "data shape of the wrong rank for the network",
+     "plan {resnet} --shape data=4,3"),
+    ("out_unwritable", "--out into a folder that does not exist",
+     "plan {resnet} --shape data=4,3,32,32 --out {dir}/no/such/dir/out.json"),
+    ("memory_unknown_policy", "memory: unknown policy",
+     "memory {resnet} --shape data=4,3,32,32 --policy fastest --no-bind"),
+    ("memory_missing_file", "memory: symbol file does not exist",
+     "memory {missing} --shape data=4,3,32,32 --no-bind"),
+    ("viz_no_shape", "viz: no --shape", "viz {resnet} -o {dir}/plan.dot"),
+    ("run_missing_script", "run: script does not exist", "run --policy sqrt {missing}"),
+    ("run_unknown_policy", "run: unknown policy", "run --policy fastest {resnet}"),
+    ("unknown_command", "unknown subcommand", "frobnicate {resnet}"),
+    ("unknown_option", "unknown option", "plan {resnet} --shape data=4,3,32,32 --fast"),
+]
+
+
+def _argv(template: str, files: dict[str, Path]) -> list[str]:
+    return template.format(**{k: str(v) for k, v in files.items()}).split()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    return make_files(tmp_path_factory.mktemp("cli"))
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE="0")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return {k: v for k, v in env.items() if not k.startswith("MXMIRROR_")}
+
+
+def _cli(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mxmirror", *args], capture_output=True,
+                          text=True, env=_env(), cwd=cwd, timeout=300)
+
+
+def _check_bad(code: int, err: str) -> None:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2, err
+    assert lines and lines[-1].startswith("mxmirror: error:"), err
+    assert "Traceback" not in err, err
+
+
+# ------------------------------------------------------------------ plan
+def test_plan_json_keys(files) -> None:
+    proc = _cli(["plan", str(files["resnet"]), "--shape", "data=4,3,32,32", "--policy",
+                 "sqrt", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(out) == DESIGN_KEYS
+    assert out["policy"] == "sqrt"
+    assert out["nodes"] > 0 and out["mirrored"] and out["checkpoints"]
+    assert 0 < out["planned_mb"] < out["baseline_mb"]
+    assert out["recompute_ratio"] > 0 and out["plan_seconds"] >= 0
+
+
+def test_plan_out_binds_in_plain_mxnet(files, tmp_path) -> None:
+    out = tmp_path / "planned-symbol.json"
+    proc = _cli(["plan", str(files["resnet"]), "--shape", "data=4,3,32,32", "--out",
+                 str(out)])
+    assert proc.returncode == 0, proc.stderr
+    assert f"planned symbol written to {out}" in proc.stdout
+    nodes = json.loads(out.read_text())["nodes"]
+    assert any((n.get("attrs") or {}).get("__force_mirroring__") == "True" for n in nodes)
+    # A child without mxmirror: -I ignores PYTHONPATH and the user site, -S skips
+    # site-packages' .pth files (mxmirror's editable install is one), and
+    # site-packages itself is appended by hand so mxnet imports.
+    site = sysconfig.get_paths()["purelib"]
+    code = f"""
+import sys
+sys.path.append({site!r})
+try:
+    import mxmirror
+except ImportError:
+    print("no mxmirror")
+else:
+    raise SystemExit("mxmirror importable: " + mxmirror.__file__)
+import mxnet as mx
+sym = mx.sym.load({str(out)!r})
+ex = sym.simple_bind(mx.cpu(), data=(4, 3, 32, 32), softmax_label=(4,))
+ex.forward(is_train=True)
+ex.backward()
+print("mirror", "_mirror" in ex.debug_str(), ex.outputs[0].shape)
+"""
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=300,
+                          env={"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    assert "no mxmirror" in proc.stdout
+    assert "mirror True (4, 10)" in proc.stdout
+
+
+def test_plan_text_output(files, capfd) -> None:
+    rc = cli.main(["plan", str(files["resnet"]), "--shape", "data=4,3,32,32", "--policy",
+                   "cheap"])
+    out = capfd.readouterr().out
+    assert rc == 0
+    assert out.startswith("mxmirror: policy=cheap")
+    assert "checkpoints" in out
+
+
+def test_plan_float16(files) -> None:
+    rc = cli.main(["plan", str(files["resnet"]), "--shape", "data=4,3,32,32", "--dtype",
+                   "float16", "--json"])
+    assert rc == 0
+
+
+# ------------------------------------------------------------------ memory
+def test_memory_json_matches_mxnet(files) -> None:
+    proc = _cli(["memory", str(files["resnet"]), "--shape", "data=64,3,32,32", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(out["simulated_mb"]) == {"none", "inplace", "sharing", "planned"}
+    assert set(out["mxnet_mb"]) == {"sharing", "planned"}
+    sim, real = out["simulated_mb"], out["mxnet_mb"]
+    assert real["sharing"] >= 50, "pick shapes with figures of at least ~50 MB"
+    assert abs(sim["sharing"] - real["sharing"]) <= max(1.0, 0.05 * real["sharing"]), out
+    assert abs(sim["planned"] - real["planned"]) <= max(1.0, 0.05 * real["planned"]), out
+    assert sim["none"] >= sim["inplace"] >= sim["sharing"] > sim["planned"]
+    assert real["planned"] < real["sharing"]
+
+
+def test_memory_no_bind(files, capfd) -> None:
+    rc = cli.main(["memory", str(files["resnet"]), "--shape", "data=4,3,32,32", "--json",
+                   "--no-bind"])
+    out = json.loads(capfd.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0
+    assert "mxnet_mb" not in out and set(out["simulated_mb"]) >= {"sharing", "planned"}
+
+
+# ------------------------------------------------------------------ bad input
+@pytest.mark.parametrize(("case", "what", "template"), BAD_INPUTS,
+                         ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input(case, what, template, files, capfd) -> None:
+    try:
+        code = cli.main(_argv(template, files))
+    except SystemExit as exc:  # must not happen: main returns the code
+        pytest.fail(f"{case}: SystemExit({exc.code}) instead of a return code")
+    _check_bad(code, capfd.readouterr().err)
+
+
+@pytest.mark.parametrize("case", ["non_integer_shape", "inference_impossible"])
+def test_bad_input_real_process(case, files) -> None:
+    template = next(t for c, _, t in BAD_INPUTS if c == case)
+    proc = _cli(_argv(template, files))
+    _check_bad(proc.returncode, proc.stderr)
+
+
+# ------------------------------------------------------------------ docs/bad_input.md
+NOTES = """
+Notes:
+
+- `x` is accepted as a dimension separator (`--shape data=4x3x32x32`), so
+  `data=3,x` reads as `data=3` and is only rejected by MXNet's shape inference,
+  whose message (with its timestamp and source location) is passed on.
+- A budget starting with `-` must be written `--budget=-5MB`; `--budget -5MB`
+  is an argparse error ("expected one argument"), also exit code 2.
+"""
+
+
+def write_doc(path: Path) -> None:
+    """Run every bad input as a real process and write the markdown table."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="mxmirror-bad-"))
+    files = make_files(folder)
+    rows = []
+    for _case, what, template in BAD_INPUTS:
+        args = _argv(template, files)
+        proc = _cli(args, cwd=folder)
+        last = [ln for ln in proc.stderr.splitlines() if ln.strip()][-1:] or ["(nothing)"]
+        shown = " ".join(["mxmirror", *args]).replace(str(folder) + "/", "")
+        message = last[0].replace(str(folder) + "/", "").replace("|", "\\|")
+        rows.append(f"| {what} | `{shown}` | {proc.returncode} | `{message}` |")
+    path.write_text(
+        "# Bad input\n\n"
+        "Every row was produced by a real run (`python tests/test_cli.py` regenerates\n"
+        "this file). Each ends with exit code 2, a last stderr line starting with\n"
+        "`mxmirror: error:` and no Python traceback; `tests/test_cli.py` checks it.\n"
+        "Files: `resnet8-symbol.json` is a CIFAR ResNet-8 (input `data`, label\n"
+        "`softmax_label`), `fc-symbol.json` a 4-layer FullyConnected net.\n\n"
+        "| input | command | exit | what mxmirror prints (last stderr line) |\n"
+        "|---|---|---|---|\n" + "\n".join(rows) + "\n" + NOTES)
+
+
+if __name__ == "__main__":
+    write_doc(ROOT / "docs" / "bad_input.md")
