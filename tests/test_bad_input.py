@@ -190,8 +190,8 @@ def test_simulator_matches_mxnet_fp16_and_add(policy, dtype, req_kind) -> None:
     assert p.planned_bytes <= p.baseline_bytes
     fp16_nodes = [n for n in p.graph.op_nodes if n.dtypes and n.dtypes[0] == "float16"]
     assert bool(fp16_nodes) == (dtype == "float16")
-    assert round(p.planned_bytes / 2**20) == _mxnet_mb(p.symbol, shapes, req, types)
-    assert round(p.baseline_bytes / 2**20) == _mxnet_mb(fc_net(n=6, hidden=1024, bn=True),
+    assert p.planned_bytes // 2**20 == _mxnet_mb(p.symbol, shapes, req, types)
+    assert p.baseline_bytes // 2**20 == _mxnet_mb(fc_net(n=6, hidden=1024, bn=True),
                                                         shapes, req, types)
 
 
@@ -208,7 +208,7 @@ def test_mixed_dtypes_with_cast() -> None:
     dts = {n.name: n.dtypes[0] for n in p.graph.nodes}
     assert dts["data"] == "float16" and dts["fc0"] == "float32"
     req = {a: ("null" if a in shapes else "write") for a in sym.list_arguments()}
-    assert round(p.planned_bytes / 2**20) == _mxnet_mb(p.symbol, shapes, req, types)
+    assert p.planned_bytes // 2**20 == _mxnet_mb(p.symbol, shapes, req, types)
 
 
 def test_no_single_value_cut() -> None:
@@ -227,7 +227,7 @@ def test_no_single_value_cut() -> None:
     for policy in ("sqrt", "optimal", "cheap"):
         p = mxmirror.plan(sym, policy=policy, **shapes)
         assert p.planned_bytes <= p.baseline_bytes
-        assert round(p.planned_bytes / 2**20) == _mxnet_mb(p.symbol, shapes, req)
+        assert p.planned_bytes // 2**20 == _mxnet_mb(p.symbol, shapes, req)
 
 
 def test_dense_graph_every_value_crosses() -> None:
