@@ -19,6 +19,7 @@ from typing import Any
 
 from .api import parse_budget, plan
 from .errors import PlanError
+from .segmented import SegmentedBinding
 
 log = logging.getLogger("mxmirror")
 if not log.handlers:
@@ -31,6 +32,7 @@ if not log.handlers:
 _state: dict[str, Any] = {"policy": None, "budget": None}
 _originals: dict[str, Any] = {}
 _cache: dict[str, str] = {}
+_segmented_cache: dict[str, SegmentedBinding] = {}
 _failed: dict[str, str] = {}  # plan key -> why planning failed (warned once)
 
 
@@ -73,6 +75,8 @@ def simple_bind(symbol: Any, ctx: Any, policy: str = "sqrt", budget: Any = None,
     _install()
     planned = _planned_symbol(symbol, policy, budget, kwargs.get("grad_req", "write"),
                               kwargs.get("type_dict"), _shape_kwargs(kwargs), strict=True)
+    if isinstance(planned, SegmentedBinding):  # several recomputations: mxmirror drives
+        return planned.bind(symbol, ctx, **kwargs)
     return _originals["simple_bind"](planned, ctx, **kwargs)
 
 
@@ -98,10 +102,16 @@ def _planned_symbol(symbol, policy, budget, grad_req, type_dict, shapes, strict=
                                        policy, str(budget)], default=str).encode()).hexdigest()
         if key in _cache:
             return _mx().sym.load_json(_cache[key])
+        if key in _segmented_cache:
+            return _segmented_cache[key]
         if key in _failed:  # warned once already; do not plan (or learn) again
             return symbol
         p = plan(symbol, policy=policy, budget=budget, type_dict=type_dict, grad_req=grad_req,
                  **shapes)
+        if p.segmented is not None:  # runs on SegmentedExecutor, not on MXNet's own
+            log.info(p.summary())
+            _segmented_cache[key] = SegmentedBinding(p)
+            return _segmented_cache[key]
         planned = p.symbol
     except Exception as exc:  # never break the user's script
         if strict:
@@ -176,6 +186,11 @@ def _bind_or_fall_back(original, planned, symbol, *args, **kwargs):
     if planned is symbol:
         return original(symbol, *args, **kwargs)
     try:
+        if isinstance(planned, SegmentedBinding):
+            if original is _originals["bind"]:
+                ctx, args_ = args[0], args[1]
+                return planned.bind(symbol, ctx, args=args_, **kwargs)
+            return planned.bind(symbol, *args, **kwargs)
         return original(planned, *args, **kwargs)
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0]

@@ -52,6 +52,7 @@ log = logging.getLogger("mxmirror")
 
 Tree = dict[tuple[int, int], int]
 _STRIP = {"__force_mirroring__", "__mirror_stage__", "mirror_stage"}
+_PREFIX = {"state": "_s", "arg": "_a", "aux": "_x", "mask": "_m", "ograd": "_g", "hgrad": "_h"}
 
 
 # ----------------------------------------------------------------- segments
@@ -152,7 +153,12 @@ def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry]
 
     def var(key: tuple, shape: tuple, dtype: str, grad: str | None) -> int:
         if key not in var_of:
-            name = f"_a{len(slots)}"
+            # one counter per kind, so that slots of the same role get the same name in
+            # every template and share one array (shared_buffer)
+            prefix = _PREFIX[key[0]]
+            name = f"{prefix}{sum(1 for _, k in slots if k[0] == key[0])}"
+            if key[0] == "aux":  # shared_exec lends its aux arrays by name: name the shape
+                name += "_" + "x".join(map(str, shape)) + "_" + dtype
             nodes.append({"op": "null", "name": name, "inputs": []})
             var_of[key] = len(nodes) - 1
             slots.append((name, key))
@@ -195,8 +201,33 @@ def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry]
                 node["attrs"] = attrs
             nodes.append(node)
         local[nid] = len(nodes) - 1
-    head_refs = [[local[s], k, 0] for s, k in outputs]
-    head_refs += [[local[graph.heads[j][0]], graph.heads[j][1], 0] for j in heads]
+    # Outputs: every boundary value under BlockGrad (in place, no head gradient), then the
+    # graph heads, then one MakeLoss(value * gradient-input) per value that needs a
+    # gradient from outside: its backward hands the gradient input to the value exactly
+    # (1 * g), and MXNet allocates no head-gradient array per executor for a loss.
+    def add(op: str, ins: list, attrs: dict | None = None) -> int:
+        nodes.append({"op": op, "name": f"_o{len(nodes)}", "inputs": ins,
+                      **({"attrs": attrs} if attrs else {})})
+        return len(nodes) - 1
+
+    head_refs, losses = [], []
+    for e in outputs:
+        head_refs.append([add("BlockGrad", [[local[e[0]], e[1], 0]]), 0, 0])
+        g = var(("ograd", e), graph.nodes[e[0]].shapes[e[1]], graph.nodes[e[0]].dtypes[e[1]],
+                "null")
+        losses.append((e, g))
+    for j in heads:
+        s, k = graph.heads[j]
+        if graph.nodes[s].op in ops.LOSSES or graph.nodes[s].op in ("BlockGrad",
+                                                                    "stop_gradient"):
+            head_refs.append([local[s], k, 0])
+        else:
+            head_refs.append([add("BlockGrad", [[local[s], k, 0]]), 0, 0])
+            losses.append(((s, k), var(("hgrad", j), graph.nodes[s].shapes[k],
+                                       graph.nodes[s].dtypes[k], "null")))
+    for (s, k), g in losses:
+        mul = add("elemwise_mul", [[local[s], k, 0], [g, 0, 0]])
+        head_refs.append([add("MakeLoss", [[mul, 0, 0]]), 0, 0])
     data = {"nodes": nodes, "arg_nodes": [i for i, nd in enumerate(nodes) if nd["op"] == "null"],
             "heads": head_refs, "attrs": {"mxnet_version": ["int", 10901]}}
     text = json.dumps(data, sort_keys=True)
@@ -411,22 +442,29 @@ def template_memory(sg: Segments) -> tuple[dict[str, int], dict[str, list[int]]]
     return totals, blocks
 
 
-def shared_pool_bytes(order: list[str], blocks: dict[str, list[int]]) -> int:
-    """MXNet's InitDataEntryMemory with shared_exec: each executor takes, largest block
-    first, the smallest free pool block at least as large, else adds a new one."""
-    import bisect
+def staging_bytes(sg: Segments) -> int:
+    """Template slots of activation size (boundary values and their gradients, gradient
+    inputs, Dropout masks): shared by name across templates, so the largest per name."""
+    size: dict[str, int] = {}
+    for seg in sg.segments:
+        shapes = sg.slot_shapes[seg.key]
+        for name, key in seg.slots:
+            if key[0] in ("arg", "aux"):
+                continue  # parameter-like (as MXNet's own figure leaves arguments out)
+            b = _size(shapes[name]) * 4
+            size[name] = max(size.get(name, 0), b)
+            if key[0] == "state":
+                size["grad of " + name] = max(size.get("grad of " + name, 0), b)
+    return sum(size.values())
 
-    pool: list[int] = []
-    for key in order:
-        free = sorted(pool)
-        for b in sorted(blocks[key], reverse=True):
-            b = (b + 3) // 4 * 4
-            j = bisect.bisect_left(free, b)
-            if j < len(free):
-                free.pop(j)
-            else:
-                pool.append(b)
-    return sum(pool)
+
+def pool_blocks(blocks: dict[str, list[int]]) -> list[int]:
+    """The pool the owner executor allocates: per rank, the largest block of any template.
+    Every template then finds each of its blocks in it (largest first, smallest that fits),
+    so binding the templates adds nothing: the pool is the least a shared pool can be."""
+    ranked = [sorted(((b + 3) // 4 * 4 for b in bl), reverse=True) for bl in blocks.values()]
+    n = max((len(r) for r in ranked), default=0)
+    return [max(r[i] if i < len(r) else 0 for r in ranked) for i in range(n)]
 
 
 def make_segment_plan(graph: Graph, cuts: list[int], tree: Tree | None = None,
@@ -435,17 +473,8 @@ def make_segment_plan(graph: Graph, cuts: list[int], tree: Tree | None = None,
     sg = sg or build_segments(graph, cuts)
     tree = binary_tree(sg.m) if tree is None else tree
     totals, blocks = mem or template_memory(sg)
-    order = sorted(totals, key=lambda k: -totals[k])
-    pool = shared_pool_bytes(order, blocks)
-    staging = 0
-    seen = set()
-    for seg in sg.segments:
-        if seg.key in seen:
-            continue
-        seen.add(seg.key)
-        ins = sum(sg.entry_bytes(e) for e in seg.inputs)
-        outs = sum(sg.entry_bytes(e) for e in seg.outputs)
-        staging += 2 * ins + outs  # input slots, their gradients, head gradients
+    pool = sum(pool_blocks(blocks))
+    staging = staging_bytes(sg)
     masks = sum(graph.entry_bytes(graph.nodes[d].inputs[0]) for d in sg.dropouts) * 2
     outputs = sum(graph.entry_bytes(h) for h in graph.heads)
     return SegmentPlan(sg.cuts, tree, sg, totals, blocks, pool, staging, masks, outputs,
@@ -525,16 +554,19 @@ class SegmentedExecutor(_Driver):
         # one executor per template, the largest first, all on its memory pool
         raw = _raw_simple_bind()
         self._execs: dict[str, Any] = {}
-        owner = None
+        owner = self._owner(raw)
         by_key = {seg.key: seg for seg in sg.segments}
+        # slots of the same name share one array across templates (only one runs at a time
+        # and every slot is filled right before its executor runs)
+        self._slot_buffer: dict = {}
         for key in plan.bind_order():
             seg = by_key[key]
             sym = mx.sym.load_json(seg.json)
             ex = raw(sym, ctx, grad_req=sg.slot_req[key], type_dict=sg.slot_types[key],
-                     shared_exec=owner, **sg.slot_shapes[key])
+                     shared_exec=owner, shared_buffer=self._slot_buffer,
+                     **sg.slot_shapes[key])
             owner = owner or ex
             self._execs[key] = ex
-        self._zeros: dict[tuple, Any] = {}
         self._ones: dict[tuple, Any] = {}
         self._masks: dict[int, Any] = {}
         self._stored: dict[int, dict] | None = None
@@ -543,6 +575,45 @@ class SegmentedExecutor(_Driver):
         self._grads: dict = {}
         self._held: dict[int, dict] = {}
         self.peak_kept_bytes = 0  # measured: bytes of kept values and gradients at the peak
+
+    def _owner(self, raw: Any) -> Any:
+        """The executor that owns the shared pool: forward-only, its outputs are the pool's
+        blocks (segmented.pool_blocks), and it holds every template's aux slots (with
+        shared_exec MXNet takes every auxiliary state from the owner, by name)."""
+        mx = self._mx
+        aux: dict[str, tuple] = {}
+        by_name = self.sg.graph.by_name()
+        for seg in self.sg.segments:
+            for name, key in seg.slots:
+                if key[0] == "aux":
+                    nd = by_name[key[1]]
+                    aux[name] = (tuple(nd.shapes[0]), nd.dtypes[0])
+        outs, shapes, types = [], {}, {}
+        for i, b in enumerate(pool_blocks(self.plan.template_blocks)):
+            if b:
+                outs.append(mx.sym.zeros(shape=(b // 4,), dtype="float32", name=f"_pool{i}"))
+        groups: dict[tuple, list[str]] = {}
+        for name, sd in aux.items():
+            if len(sd[0]) != 1:
+                raise PlanError(f"auxiliary state of shape {sd[0]}: the segmented executor "
+                                f"only shares 1-D (BatchNorm) auxiliary states")
+            groups.setdefault(sd, []).append(name)
+        for j, ((shape, dtype), names) in enumerate(groups.items()):
+            if len(names) % 2:
+                names = names + [f"_pad{j}"]
+            for i in range(0, len(names), 2):
+                data = f"_d{j}_{i}"
+                shapes[data] = (1, shape[0])
+                types[data] = dtype
+                outs.append(mx.sym.BatchNorm(
+                    mx.sym.Variable(data), mx.sym.Variable(f"{data}_g"),
+                    mx.sym.Variable(f"{data}_b"), mx.sym.Variable(names[i]),
+                    mx.sym.Variable(names[i + 1]), name=f"{data}_bn"))
+        if not outs:
+            return None
+        sym = mx.sym.Group(outs)
+        types.update({n: sd[1] for n, sd in aux.items()})
+        return raw(sym, self.ctx, grad_req="null", type_dict=types, **shapes)
 
     # -------------------------------------------------------------- interface
     @property
@@ -674,7 +745,7 @@ class SegmentedExecutor(_Driver):
                 self.arg_dict[key[1]].copyto(ex.arg_dict[name])
             elif kind == "aux":
                 self.aux_dict[key[1]].copyto(ex.aux_dict[name])
-            else:
+            elif kind == "mask":
                 self._masks[key[1]].copyto(ex.arg_dict[name])
 
     def _run_forward(self, i: int, state: dict, first: bool, is_train: bool) -> dict:
@@ -709,10 +780,14 @@ class SegmentedExecutor(_Driver):
             self._load(ex, seg, state)
             ex.forward(is_train=True)
         self._live = None
-        ograds = [self._grads.get(e) for e in seg.outputs]
-        ograds += [self._head_grads[h] for h in seg.heads]
-        ograds = [g if g is not None else self._zero(o) for g, o in zip(ograds, ex.outputs)]
-        ex.backward(out_grads=ograds)
+        for name, key in seg.slots:
+            if key[0] in ("ograd", "hgrad"):
+                g = self._grads.get(key[1]) if key[0] == "ograd" else self._head_grads[key[1]]
+                if g is None:
+                    ex.arg_dict[name][:] = 0
+                else:
+                    g.copyto(ex.arg_dict[name])
+        ex.backward()
         if any(key[0] == "aux" for _, key in seg.slots):
             # MXNet 1.9.1's BatchNorm backward updates the running statistics without
             # declaring them to the engine: wait, or the copy below races with the update
@@ -732,13 +807,6 @@ class SegmentedExecutor(_Driver):
         self._note(state)
         for e in seg.outputs:
             self._grads.pop(e, None)
-
-    def _zero(self, like: Any) -> Any:
-        key = (tuple(like.shape), str(like.dtype))
-        z = self._zeros.get(key)
-        if z is None:
-            z = self._zeros[key] = self._mx.nd.zeros(like.shape, self.ctx, dtype=like.dtype)
-        return z
 
     def _note(self, *extra: dict) -> None:
         """Measured bytes of the kept values and boundary gradients (real NDArrays)."""
@@ -771,3 +839,29 @@ def _assign(dst: Any, value: Any) -> None:
         value.copyto(dst)
     else:
         dst[:] = value
+
+
+class SegmentedBinding:
+    """A segmented plan waiting for its bind (what bind.py routes to SegmentedExecutor)."""
+
+    def __init__(self, plan: Any) -> None:
+        self.plan = plan
+
+    def bind(self, symbol: Any, ctx: Any, args: Any = None, args_grad: Any = None,
+             aux_states: Any = None, shared_exec: Any = None, shared_arg_names: Any = None,
+             shared_buffer: Any = None, **_ignored: Any) -> SegmentedExecutor:
+        names = symbol.list_arguments()
+        aux_names = symbol.list_auxiliary_states()
+
+        def as_dict(values, keys):
+            if values is None or isinstance(values, dict):
+                return values
+            return dict(zip(keys, values))
+
+        if shared_exec is not None and not isinstance(shared_exec, SegmentedExecutor):
+            shared_exec = shared_exec if hasattr(shared_exec, "arg_dict") else None
+        return SegmentedExecutor(symbol, ctx, self.plan.segmented, args=as_dict(args, names),
+                                 args_grad=as_dict(args_grad, names),
+                                 aux_states=as_dict(aux_states, aux_names),
+                                 shared_exec=shared_exec, shared_arg_names=shared_arg_names,
+                                 shared_buffer=shared_buffer)
