@@ -60,7 +60,10 @@ class TrainingGraph:
 
 
 def _sizes(node: Node) -> list[int]:
-    return [prod(s) for s in node.shapes]
+    sizes = node.__dict__.get("_sizes")
+    if sizes is None:
+        sizes = node.__dict__["_sizes"] = [prod(s) for s in node.shapes]
+    return sizes
 
 
 def forward_order(graph: Graph) -> list[Node]:
@@ -157,10 +160,10 @@ def build(graph: Graph, mirror: set[int] | None = None) -> TrainingGraph:
                 return (fnode, r[1])
             return (made[r[1]], r[2])
 
+        sizes = _bwd_sizes(graph, n)
         for t, tn in enumerate(tpl.nodes):
             name = n.name + ("_backward" if len(tpl.nodes) == 1 else f"_backward{t}")
-            b = TNode(tn.op, name, [ref(r) for r in tn.inputs],
-                      [_shape_size(s, n, graph) for s in tn.out_shapes], "bwd", n.id)
+            b = TNode(tn.op, name, [ref(r) for r in tn.inputs], sizes[t], "bwd", n.id)
             if tn.control_fwd:
                 b.cdeps.append(fnode)
             b.cdeps.extend(made[c] for c in tn.control_nodes)
@@ -183,7 +186,30 @@ def build(graph: Graph, mirror: set[int] | None = None) -> TrainingGraph:
 
 
 def post_order_nodes(outputs: list[tuple[TNode, int]]) -> list[TNode]:
-    return post_order([t for t, _ in outputs], lambda t: [s for s, _ in t.inputs] + t.cdeps)
+    """post_order specialised to training nodes (inputs, then control deps): the hot path."""
+    order: list[TNode] = []
+    visited: set[int] = set()
+    for head, _ in outputs:
+        if id(head) in visited:
+            continue
+        visited.add(id(head))
+        stack = [(head, 0)]
+        while stack:
+            node, i = stack[-1]
+            n_in = len(node.inputs)
+            total = n_in + len(node.cdeps)
+            while i < total:
+                child = node.inputs[i][0] if i < n_in else node.cdeps[i - n_in]
+                i += 1
+                if id(child) not in visited:
+                    visited.add(id(child))
+                    stack[-1] = (node, i)
+                    stack.append((child, 0))
+                    break
+            else:
+                order.append(node)
+                stack.pop()
+    return order
 
 
 def _shape_size(ref: tuple, n: Node, graph: Graph) -> int:
@@ -193,6 +219,16 @@ def _shape_size(ref: tuple, n: Node, graph: Graph) -> int:
     if ref[0] == "out":
         return prod(n.shapes[ref[1]])
     return prod(ref[1])
+
+
+def _bwd_sizes(graph: Graph, n: Node) -> list[list[int]]:
+    """Output sizes of each backward template node of n, cached on the graph."""
+    cache = graph.__dict__.setdefault("_bwd_sizes", {})
+    sizes = cache.get(n.id)
+    if sizes is None:
+        sizes = [[_shape_size(s, n, graph) for s in tn.out_shapes] for tn in n.template.nodes]
+        cache[n.id] = sizes
+    return sizes
 
 
 def _aggregate(v: list, size: int, n: Node) -> tuple[TNode, int]:

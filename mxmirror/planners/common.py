@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from dataclasses import dataclass
 
 from .. import memory, ops, schedule
@@ -123,6 +125,24 @@ def score(graph: Graph, mirror: set[int]) -> Score:
     (Embedding: "req == kWriteTo") and which only costs memory.
     """
     mirror = set(mirror)
+    with _gc_paused():
+        return _score(graph, mirror)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """The training graph is a DAG freed by reference counts; the cyclic collector only
+    rescans the ~10^5 objects of a big graph over and over (3x slower builds)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _score(graph: Graph, mirror: set[int]) -> Score:
     while True:
         tg = schedule.build(graph, mirror)
         if not mirror:
