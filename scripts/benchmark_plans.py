@@ -494,7 +494,7 @@ def summary(results: list[tuple[Config, list[Row], dict]]) -> str:
         get = {r.label: r for r in rows}
         mgmb = mg.mxnet_mb if mg else None
 
-        def sr(label):
+        def sr(label, get=get):
             r = get.get(label)
             return "—" if r is None or r.step_ratio is None else f"{r.step_ratio:.2f}x"
 
@@ -532,8 +532,8 @@ def main(argv: list[str] | None = None) -> int:
         _child_main()
         return 0
 
-    from tqdm import tqdm
     import mxnet as mx
+    from tqdm import tqdm
 
     command = "python " + " ".join(shlex.quote(a) for a in
                                    ["scripts/benchmark_plans.py", *sys.argv[1:]])
