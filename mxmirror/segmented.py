@@ -95,6 +95,29 @@ class Segments:
         return sum(self.entry_bytes(e) for e in self.crossing[i])
 
 
+def crossing_bytes(graph: Graph) -> list[int]:
+    """Bytes of the values produced at or before each op position and read after it."""
+    from .planners.common import op_order
+
+    order = op_order(graph)
+    pos = {nd.id: i for i, nd in enumerate(order)}
+    last: dict[Entry, int] = {}
+    for nd in order:
+        for src, k in nd.inputs:
+            if src in pos:
+                last[(src, k)] = max(last.get((src, k), -1), pos[nd.id])
+    delta = [0] * (len(order) + 1)
+    for (src, k), end in last.items():
+        if end > pos[src]:
+            delta[pos[src]] += graph.entry_bytes((src, k))
+            delta[end] -= graph.entry_bytes((src, k))
+    out, run = [], 0
+    for i in range(len(order)):
+        run += delta[i]
+        out.append(run)
+    return out
+
+
 def build_segments(graph: Graph, cuts: list[int]) -> Segments:
     """Cut the graph after the given op-order positions (pure Graph IR, no MXNet)."""
     from .planners.common import op_order
@@ -150,6 +173,7 @@ def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry]
     slots: list[tuple[str, tuple]] = []
     shapes, types, req = {}, {}, {}
     inputs: list[Entry] = []
+    ids_set = set(ids)
 
     def var(key: tuple, shape: tuple, dtype: str, grad: str | None) -> int:
         if key not in var_of:
@@ -183,6 +207,15 @@ def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry]
             return [local[src], k, 0]
         return [var(("state", (src, k)), nd.shapes[k], nd.dtypes[k], "write"), 0, 0]
 
+    # boundary inputs first, largest first: slots of a role are then named by size in
+    # every template, and the arrays they share across templates stay small
+    ext = []
+    for nid in ids:
+        for src, k in graph.nodes[nid].inputs:
+            if not graph.nodes[src].is_variable and src not in ids_set and (src, k) not in ext:
+                ext.append((src, k))
+    for src, k in sorted(ext, key=lambda e: -graph.entry_bytes(e)):
+        ref(src, k)
     flops = 0.0
     for nid in ids:
         nd = graph.nodes[nid]
@@ -202,7 +235,7 @@ def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry]
             nodes.append(node)
         local[nid] = len(nodes) - 1
     # Outputs: every boundary value under BlockGrad (in place, no head gradient), then the
-    # graph heads, then one MakeLoss(value * gradient-input) per value that needs a
+    # graph heads, then one MakeLoss(sum(value * gradient-input)) per value that needs a
     # gradient from outside: its backward hands the gradient input to the value exactly
     # (1 * g), and MXNet allocates no head-gradient array per executor for a loss.
     def add(op: str, ins: list, attrs: dict | None = None) -> int:
@@ -211,6 +244,7 @@ def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry]
         return len(nodes) - 1
 
     head_refs, losses = [], []
+    outputs = sorted(outputs, key=lambda e: -graph.entry_bytes(e))
     for e in outputs:
         head_refs.append([add("BlockGrad", [[local[e[0]], e[1], 0]]), 0, 0])
         g = var(("ograd", e), graph.nodes[e[0]].shapes[e[1]], graph.nodes[e[0]].dtypes[e[1]],
@@ -226,8 +260,11 @@ def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry]
             losses.append(((s, k), var(("hgrad", j), graph.nodes[s].shapes[k],
                                        graph.nodes[s].dtypes[k], "null")))
     for (s, k), g in losses:
+        # loss = sum(o * g): its backward gives o the gradient g exactly (1 * g_i), and
+        # the product is a temporary (not an output kept in the pool)
         mul = add("elemwise_mul", [[local[s], k, 0], [g, 0, 0]])
-        head_refs.append([add("MakeLoss", [[mul, 0, 0]]), 0, 0])
+        total = add("sum", [[mul, 0, 0]])
+        head_refs.append([add("MakeLoss", [[total, 0, 0]]), 0, 0])
     data = {"nodes": nodes, "arg_nodes": [i for i, nd in enumerate(nodes) if nd["op"] == "null"],
             "heads": head_refs, "attrs": {"mxnet_version": ["int", 10901]}}
     text = json.dumps(data, sort_keys=True)
@@ -558,7 +595,7 @@ class SegmentedExecutor(_Driver):
         by_key = {seg.key: seg for seg in sg.segments}
         # slots of the same name share one array across templates (only one runs at a time
         # and every slot is filled right before its executor runs)
-        self._slot_buffer: dict = {}
+        self._slot_buffer = self._slot_arrays()
         for key in plan.bind_order():
             seg = by_key[key]
             sym = mx.sym.load_json(seg.json)
@@ -575,6 +612,28 @@ class SegmentedExecutor(_Driver):
         self._grads: dict = {}
         self._held: dict[int, dict] = {}
         self.peak_kept_bytes = 0  # measured: bytes of kept values and gradients at the peak
+
+    def _slot_arrays(self) -> dict:
+        """One array per slot name, as large as its largest use: every template binds a view
+        of it (shared_buffer), so none re-allocates (and MXNet logs nothing)."""
+        mx = self._mx
+        need: dict[str, tuple[int, str]] = {}
+        for seg in self.sg.segments:
+            shapes, types = self.sg.slot_shapes[seg.key], self.sg.slot_types[seg.key]
+            req = self.sg.slot_req[seg.key]
+            for name, key in seg.slots:
+                if key[0] == "aux":
+                    continue
+                names = [name] + (["grad of " + name] if req.get(name) != "null" else [])
+                for n in names:
+                    size, dtype = _size(shapes[name]), types[name]
+                    old = need.get(n)
+                    if old is not None and old[1] != dtype:
+                        need[n] = (0, "")  # mixed dtypes: let MXNet allocate
+                    elif old is None or (old[1] and size > old[0]):
+                        need[n] = (size, dtype)
+        return {n: mx.nd.zeros((size,), self.ctx, dtype=dtype)
+                for n, (size, dtype) in need.items() if size}
 
     def _owner(self, raw: Any) -> Any:
         """The executor that owns the shared pool: forward-only, its outputs are the pool's

@@ -253,6 +253,8 @@ def test_budget_falls_back_to_multilevel(resnet) -> None:
     sym, shapes, graph = resnet
     rec = make_plan(graph, "recursive")
     sq = make_plan(graph, "sqrt")
+    with pytest.raises(PlanError, match="several recomputations"):
+        make_plan(graph, "budget", 1024)
     budget = int(min(sq.planned_bytes, rec.planned_bytes * 1.2))
     if budget >= sq.planned_bytes:
         pytest.skip("sqrt already under the recursive figure on this small net")

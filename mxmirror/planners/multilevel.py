@@ -186,3 +186,17 @@ def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
         raise PlanError("policy 'multilevel' needs a budget, e.g. --budget 800MB")
     sp = plan_for_budget(graph, budget_bytes)
     return segmented_plan("multilevel", graph, sp)
+
+
+def fine_cuts(graph: Graph) -> list[int]:
+    """Every position where the bytes crossing the forward graph are a local minimum
+    (window 1; the last of a plateau): inside residual units too, so that no segment
+    holds a whole unit and the shared pool (the largest segment) stays small."""
+    from ..segmented import crossing_bytes
+
+    b = crossing_bytes(graph)
+    out = []
+    for i in range(len(b) - 1):
+        if b[i] and (i == 0 or b[i] <= b[i - 1]) and b[i] < b[i + 1]:
+            out.append(i)
+    return out
