@@ -18,7 +18,9 @@ parameters, gradients of parameters or workspace):
     cheap     the paper's "drop bn-relu" (recompute cheap ops), on top of sharing
     sqrt      the paper's sublinear plan (Algorithm 3 + budget search), on top of sharing
     optimal   mxmirror's best plan with at most one recomputation per node
-    recursive the O(log n) plan: not available in mxmirror yet (no numbers invented)
+    recursive the O(log n) plan (Section 4.2): nodes recomputed several times, run by
+              mxmirror's SegmentedExecutor (a chain of executors on one pool); its
+              figure is mxmirror's prediction only, no single MXNet bind measures it
 
 ``mxnet_*`` columns are MXNet's own figure from a bind (in a child process,
 nothing runs) of the unplanned symbol (sharing) and of the sqrt-planned one.
@@ -63,8 +65,7 @@ from symbols.resnet import resnet, resnet_by_depth, units_for_depth  # noqa: E40
 
 MB = 2**20
 STRATEGIES = ("none", "inplace", "sharing")
-POLICIES = ("cheap", "sqrt", "optimal")
-NA = "not available"
+POLICIES = ("cheap", "sqrt", "optimal", "recursive")
 
 # Sizes.  Full: the paper's; quick: enough to exercise every code path.
 FULL = {
@@ -123,7 +124,6 @@ def memory_row(sym: mx.sym.Symbol, shapes: dict, with_optimal: bool, label: dict
         row[f"{pol}_plan_s"] = p.plan_seconds
         if pol == "sqrt":
             sqrt_symbol = p.symbol
-    row["recursive"] = None
     row["sharing_over_sqrt"] = row["sharing"] / row["sqrt"]
     row["none_over_sqrt"] = row["none"] / row["sqrt"]
     row["seconds"] = time.perf_counter() - t0
@@ -279,7 +279,7 @@ def write_csv(path: Path, rows: list[dict], cols: list[str]) -> None:
 
 def memory_markdown(rows: list[dict], key: str, title: str) -> str:
     head = [key, "none", "inplace", "sharing", "drop bn-relu (cheap)", "sublinear (sqrt)",
-            "optimal", "recursive", "sharing / sqrt", "MXNet sharing", "MXNet sqrt",
+            "optimal", "recursive (predicted)", "sharing / sqrt", "MXNet sharing", "MXNet sqrt",
             "MXNet sharing / sqrt", "sqrt recompute"]
     lines = [f"### {title}", "",
              "MB of planned intermediates (MXNet's `Total X MB allocated` units); "
@@ -287,7 +287,7 @@ def memory_markdown(rows: list[dict], key: str, title: str) -> str:
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [str(r[key]), _fmt(r["none"]), _fmt(r["inplace"]), _fmt(r["sharing"]),
-                 _fmt(r["cheap"]), _fmt(r["sqrt"]), _fmt(r["optimal"]), NA,
+                 _fmt(r["cheap"]), _fmt(r["sqrt"]), _fmt(r["optimal"]), _fmt(r["recursive"]),
                  _fmt(r["sharing_over_sqrt"], 1) + "x", _fmt(r["mxnet_sharing"]),
                  _fmt(r["mxnet_sqrt"]),
                  (_fmt(r["mxnet_sharing_over_sqrt"], 1) + "x")
@@ -300,7 +300,8 @@ def memory_markdown(rows: list[dict], key: str, title: str) -> str:
 MEM_COLS = ["nodes", "none", "inplace", "sharing", "cheap", "sqrt", "optimal", "recursive",
             "sharing_over_sqrt", "none_over_sqrt", "mxnet_sharing", "mxnet_sqrt",
             "mxnet_sharing_over_sqrt", "cheap_recompute", "sqrt_recompute",
-            "optimal_recompute", "cheap_plan_s", "sqrt_plan_s", "optimal_plan_s", "seconds"]
+            "optimal_recompute", "recursive_recompute", "cheap_plan_s", "sqrt_plan_s",
+            "optimal_plan_s", "recursive_plan_s", "seconds"]
 
 
 def memory_plot(rows: list[dict], key: str, xlabel: str, title: str, path: Path) -> None:
@@ -308,7 +309,8 @@ def memory_plot(rows: list[dict], key: str, xlabel: str, title: str, path: Path)
     fig, ax = plt.subplots(figsize=(7, 4.6))
     styles = [("none", "no optimization", "o-"), ("inplace", "inplace", "s-"),
               ("sharing", "sharing", "^-"), ("cheap", "drop bn-relu", "v-"),
-              ("sqrt", "sublinear plan (sqrt)", "D-"), ("optimal", "optimal (mxmirror)", "x--")]
+              ("sqrt", "sublinear plan (sqrt)", "D-"), ("optimal", "optimal (mxmirror)", "x--"),
+              ("recursive", "recursive (predicted)", "+:")]
     for col, name, style in styles:
         pts = [(x, r[col] / 1024) for x, r in zip(xs, rows) if r.get(col)]
         if pts:
@@ -322,7 +324,7 @@ def memory_plot(rows: list[dict], key: str, xlabel: str, title: str, path: Path)
     ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("memory of intermediates (GB, log scale)")
-    ax.set_title(title + "\n(recursive O(log n) plan: not available yet)", fontsize=10)
+    ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
