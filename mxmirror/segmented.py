@@ -612,6 +612,7 @@ class SegmentedExecutor(_Driver):
         self._grads: dict = {}
         self._held: dict[int, dict] = {}
         self.peak_kept_bytes = 0  # measured: bytes of kept values and gradients at the peak
+        self.forward_flops_run = 0.0  # measured: FLOPs of every segment forward executed
 
     def _slot_arrays(self) -> dict:
         """One array per slot name, as large as its largest use: every template binds a view
@@ -812,6 +813,7 @@ class SegmentedExecutor(_Driver):
         ex = self._execs[seg.key]
         self._load(ex, seg, state)
         ex.forward(is_train=is_train)
+        self.forward_flops_run += seg.flops
         new = {e: v for e, v in state.items() if e in self.sg.crossing[i]}
         for j, e in enumerate(seg.outputs):
             new[e] = ex.outputs[j].copy()
@@ -838,6 +840,7 @@ class SegmentedExecutor(_Driver):
         if self._live != i:
             self._load(ex, seg, state)
             ex.forward(is_train=True)
+            self.forward_flops_run += seg.flops
         self._live = None
         for name, key in seg.slots:
             if key[0] in ("ograd", "hgrad"):

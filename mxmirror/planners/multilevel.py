@@ -86,9 +86,21 @@ class Table:
         return tree
 
 
-def chain(graph: Graph) -> tuple[Segments, SegmentPlan]:
-    """The finest chain (every candidate cut) and its fixed costs, binary tree as a start."""
-    sg = build_segments(graph, [c.pos for c in find_cuts(graph)])
+MAX_SEGMENTS = 400  # the DP is O(m^2) numpy steps: keep m moderate
+
+
+def chain(graph: Graph, max_segments: int | None = None) -> tuple[Segments, SegmentPlan]:
+    """The chain over every candidate cut (at most max_segments, evenly thinned, keeping the
+    cuts where the fewest bytes cross) and its fixed costs, binary tree as a start."""
+    cuts = find_cuts(graph)
+    if max_segments is not None and len(cuts) >= max_segments:
+        step = len(cuts) / (max_segments - 1)
+        picked = []
+        for j in range(max_segments - 1):
+            group = cuts[int(j * step):max(int((j + 1) * step), int(j * step) + 1)]
+            picked.append(min(group, key=lambda c: (c.bytes, -c.pos)))
+        cuts = picked
+    sg = build_segments(graph, [c.pos for c in cuts])
     return sg, make_segment_plan(graph, sg.cuts, sg=sg)
 
 
@@ -104,9 +116,9 @@ def table_for(sp: SegmentPlan, top_bytes: int, levels: int = LEVELS) -> Table:
     return Table([s.flops for s in sg.segments], states, unit, levels)
 
 
-def curve(graph: Graph, levels: int = LEVELS):
-    """(planned bytes, recompute ratio, tree) over every memory level, exact by dry run."""
-    sg, sp = chain(graph)
+def curve(graph: Graph, levels: int = LEVELS, max_segments: int = MAX_SEGMENTS):
+    """(planned bytes, recompute ratio, plan) over every memory level, exact by dry run."""
+    sg, sp = chain(graph, max_segments)
     top = sum(sg.state_bytes(i) for i in range(sg.m + 1))
     table = table_for(sp, top, levels)
     out = []
@@ -128,7 +140,7 @@ def curve(graph: Graph, levels: int = LEVELS):
 
 def plan_for_budget(graph: Graph, budget_bytes: int) -> SegmentPlan:
     """The least-recompute segmented plan whose planned bytes fit; PlanError if none."""
-    sg, sp = chain(graph)
+    sg, sp = chain(graph, MAX_SEGMENTS)
     fixed = fixed_bytes(sp)
     grad_allowance = 2 * max((sg.state_bytes(i) for i in range(sg.m + 1)), default=0)
     avail = budget_bytes - fixed - grad_allowance
