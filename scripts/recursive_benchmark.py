@@ -315,7 +315,7 @@ def cmd_tradeoff(args) -> None:
         results.append(tradeoff("ResNet-1001 (bottleneck, batch 32, 224x224)",
                                 resnet1001_graph(), 400))
         print("resnet done", flush=True)
-        results.append(tradeoff("LSTM 4x1024, 200 steps, batch 64", lstm_graph(), 200))
+        results.append(tradeoff("LSTM 4x1024, 200 steps, batch 64", lstm_graph(), 240))
     write_tradeoff(results, Path(args.out))
 
 

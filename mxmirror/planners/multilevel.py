@@ -90,16 +90,12 @@ MAX_SEGMENTS = 400  # the DP is O(m^2) numpy steps: keep m moderate
 
 
 def chain(graph: Graph, max_segments: int | None = None) -> tuple[Segments, SegmentPlan]:
-    """The chain over every candidate cut (at most max_segments, evenly thinned, keeping the
-    cuts where the fewest bytes cross) and its fixed costs, binary tree as a start."""
+    """The chain over every candidate cut (at most max_segments: every k-th) and its
+    fixed costs, binary tree as a start."""
     cuts = find_cuts(graph)
     if max_segments is not None and len(cuts) >= max_segments:
-        step = len(cuts) / (max_segments - 1)
-        picked = []
-        for j in range(max_segments - 1):
-            group = cuts[int(j * step):max(int((j + 1) * step), int(j * step) + 1)]
-            picked.append(min(group, key=lambda c: (c.bytes, -c.pos)))
-        cuts = picked
+        stride = math.ceil(len(cuts) / (max_segments - 1))  # a whole stride keeps the
+        cuts = cuts[stride - 1::stride]  # period of repeated blocks (LSTM steps) intact
     sg = build_segments(graph, [c.pos for c in cuts])
     return sg, make_segment_plan(graph, sg.cuts, sg=sg)
 
