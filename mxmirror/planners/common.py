@@ -142,7 +142,29 @@ def _gc_paused():
             gc.enable()
 
 
+def drop_unread(graph: Graph, mirror: set[int]) -> set[int]:
+    """The mirror set without nodes whose mirror copy nothing would read.
+
+    One pass in reverse topological order over the forward graph: v's copy is
+    read when v's own backward reads v's outputs, or when a consumer's copy is
+    kept (a copy reads all its inputs' copies). MXNet never copies Dropout.
+    """
+    kept = set(mirror)
+    consumers = graph.consumers()
+    for v in reversed(op_order(graph)):
+        if v.id not in kept:
+            continue
+        tpl = v.template
+        read = v.op != "Dropout" and (
+            (tpl is not None and any(r[0] == "out" for tn in tpl.nodes for r in tn.inputs))
+            or any(c in kept for c in consumers.get(v.id, ())))
+        if not read:
+            kept.discard(v.id)
+    return kept
+
+
 def _score(graph: Graph, mirror: set[int]) -> Score:
+    mirror = drop_unread(graph, mirror)
     while True:
         tg = schedule.build(graph, mirror)
         if not mirror:
