@@ -286,11 +286,13 @@ def write_tradeoff(results: list[dict], out: Path) -> None:
         ax.scatter([res["recursive"][0] / MB], [res["recursive"][1]], marker="^",
                    color="tab:red", zorder=3, label="recursive")
         ax.set_xscale("log")
+        ax.set_ylim(0, 10)  # the DP's last levels (tens of reruns) are clipped: see the table
         ax.set_xlabel("planned memory budget (MB)")
         ax.set_ylabel("recompute ratio (extra forward / forward)")
         ax.set_title(res["name"])
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
+    (out / "tradeoff_points.json").write_text(json.dumps(results))
     fig.tight_layout()
     fig.savefig(out / "tradeoff_curve.png", dpi=120)
     (out / "tradeoff_table.md").write_text("\n".join(lines) + "\n")
@@ -298,6 +300,9 @@ def write_tradeoff(results: list[dict], out: Path) -> None:
 
 
 def cmd_tradeoff(args) -> None:
+    if args.replot:
+        write_tradeoff(json.loads(Path(args.replot).read_text()), Path(args.out))
+        return
     results = []
     if args.quick:
         from mxmirror.api import prepare
@@ -337,6 +342,7 @@ def main() -> None:
     p = sub.add_parser("tradeoff")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=str(ROOT / "docs" / "figures"))
+    p.add_argument("--replot", help="tradeoff_points.json of an earlier run: only redraw")
     args = ap.parse_args()
     {"depth": cmd_depth, "resnet1001": cmd_resnet1001, "tradeoff": cmd_tradeoff}[args.cmd](args)
 
