@@ -115,22 +115,32 @@ def table_for(sp: SegmentPlan, top_bytes: int, levels: int = LEVELS) -> Table:
 def curve(graph: Graph, levels: int = LEVELS, max_segments: int = MAX_SEGMENTS):
     """(planned bytes, recompute ratio, plan) over every memory level, exact by dry run."""
     sg, sp = chain(graph, max_segments)
-    top = sum(sg.state_bytes(i) for i in range(sg.m + 1))
-    table = table_for(sp, top, levels)
-    out = []
-    seen = set()
-    for level in range(levels + 1):
-        if not math.isfinite(table.best(level)):
-            continue
-        tree = table.tree(level)
-        key = tuple(sorted(tree.items()))
-        if key in seen:
-            continue
-        seen.add(key)
-        p = make_segment_plan(graph, sg.cuts, tree, sg=sg,
-                              mem=(sp.template_bytes, sp.template_blocks))
+    states = [sg.state_bytes(i) for i in range(sg.m + 1)]
+    top = sum(states)
+    # memory is discretised into `levels` steps of top/levels: several scales, so that the
+    # small budgets are not rounded to a few coarse steps
+    tops, t = [], top
+    while t > 2 * max(states):
+        tops.append(t)
+        t /= 8
+    tops.append(2 * max(states))
+    out = [(sp.planned_bytes, (sp.dry.forward_flops - sum(s.flops for s in sg.segments))
+            / (sum(s.flops for s in sg.segments) or 1.0), sp)]  # the binary recursion
+    seen = {tuple(sorted(sp.tree.items()))}
+    for t in tops:
+        table = table_for(sp, t, levels)
         F = table.total_flops or 1.0
-        out.append((p.planned_bytes, (p.dry.forward_flops - F) / F, p))
+        for level in range(levels + 1):
+            if not math.isfinite(table.best(level)):
+                continue
+            tree = table.tree(level)
+            key = tuple(sorted(tree.items()))
+            if key in seen:
+                continue
+            seen.add(key)
+            p = make_segment_plan(graph, sg.cuts, tree, sg=sg,
+                                  mem=(sp.template_bytes, sp.template_blocks))
+            out.append((p.planned_bytes, (p.dry.forward_flops - F) / F, p))
     return out
 
 
