@@ -74,6 +74,10 @@ def train(policy: str | None, steps: int, batch: int, features: int, seed: int):
         prob = mod.get_outputs()[0].asnumpy()
         losses.append(float(-np.log(prob[np.arange(batch), label] + 1e-12).mean()))
     seconds = time.perf_counter() - t0
+    # MXNet 1.9.1 updates BatchNorm's running statistics inside its backward op but does not
+    # register them as written (FMutateInputs inputs are only read dependencies), so a copy
+    # pushed right after training may read them before the last backward ran: wait first.
+    mx.nd.waitall()
     arg, aux = mod.get_params()
     return ({k: v.asnumpy() for k, v in arg.items()}, {k: v.asnumpy() for k, v in aux.items()},
             losses, mirrored, seconds)

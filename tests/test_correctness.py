@@ -141,6 +141,7 @@ def _train(sym: mx.sym.Symbol, case: Case, values: tuple[dict, dict]):
     for _ in range(STEPS):
         ex.forward(is_train=True)
         ex.backward()
+        mx.nd.waitall()  # BatchNorm's running-stat update is not engine-tracked as a write
         records.append({
             "outputs": [o.asnumpy() for o in ex.outputs],
             "grads": {k: g.asnumpy() for k, g in ex.grad_dict.items() if g is not None},

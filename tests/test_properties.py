@@ -194,6 +194,7 @@ def _grads(sym, shapes, seed: int = 0):
     mx.random.seed(seed)
     ex.forward(is_train=True)
     ex.backward()
+    mx.nd.waitall()  # BatchNorm's running-stat update is not engine-tracked as a write
     grads = {n: g.asnumpy() for n, g in ex.grad_dict.items() if g is not None}
     return grads, {n: a.asnumpy() for n, a in ex.aux_dict.items()}
 
