@@ -37,6 +37,14 @@ RANDOM_PREFIXES = ("_random_", "random_", "_sample_", "sample_", "_npi_random", 
 RANDOM = {"Dropout", "_shuffle", "shuffle", "RNN"}  # RNN: dropout inside the fused cell
 # Ops with state or side effects whose recomputation MXNet cannot replay.
 STATEFUL = {"_foreach", "_while_loop", "_cond", "Custom", "_CachedOp", "_contrib_SyncBatchNorm"}
+# Ops whose forward checks req == kWriteTo on some device: an unread mirror copy (asked to
+# write nothing) would fail at run time, so they are mirrored only when the copy is read.
+MUST_WRITE = {
+    "Embedding", "take", "Convolution", "Deconvolution", "FullyConnected", "BatchNorm",
+    "L2Normalization", "Crop", "_contrib_SyncBatchNorm", "BilinearSampler", "GridGenerator",
+    "_contrib_DeformableConvolution", "_contrib_ModulatedDeformableConvolution",
+    "_contrib_Proposal", "_contrib_MultiProposal", "Convolution_v1", "BatchNorm_v1",
+}
 LOSSES = {"SoftmaxOutput", "LinearRegressionOutput", "LogisticRegressionOutput",
           "MAERegressionOutput", "SVMOutput", "MakeLoss", "make_loss", "softmax_cross_entropy"}
 

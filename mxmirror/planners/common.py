@@ -119,10 +119,7 @@ class Score:
 def score(graph: Graph, mirror: set[int]) -> Score:
     """Simulate MXNet's planner for a mirror set; no bind.
 
-    Mirrored nodes whose recomputed output nothing reads are dropped first:
-    MXNet would still build them (a backward control dependency pulls them in)
-    but ask them to write nothing, which some ops refuse at run time
-    (Embedding: "req == kWriteTo") and which only costs memory.
+    Unread copies of ops that must write are dropped first (see drop_unread).
     """
     mirror = set(mirror)
     with _gc_paused():
@@ -143,37 +140,38 @@ def _gc_paused():
 
 
 def drop_unread(graph: Graph, mirror: set[int]) -> set[int]:
-    """The mirror set without nodes whose mirror copy nothing would read.
+    """The mirror set without copies that would crash: unread copies of ops that must write.
 
-    One pass in reverse topological order over the forward graph: v's copy is
-    read when v's own backward reads v's outputs, or when a consumer's copy is
-    kept (a copy reads all its inputs' copies). MXNet never copies Dropout.
+    A mirrored node whose copy nothing reads is still built by MXNet (its backward has a
+    control dependency on it) and asked to write nothing (kNullOp). Most ops accept that,
+    and such a copy still pays off: the node's backward then reads its inputs' copies
+    instead of keeping the originals. Ops that check ``req == kWriteTo`` (Embedding, and
+    Convolution, FullyConnected and BatchNorm outside MKLDNN, e.g. on GPU) would fail at
+    run time, so those are not mirrored unless their copy is read. One pass in reverse
+    topological order: a copy is read when the node's own backward reads its outputs or a
+    consumer's copy is in the graph (a copy reads all its inputs' copies); a copy is in the
+    graph when it is read or a backward node depends on it. MXNet never copies Dropout.
     """
     kept = set(mirror)
+    present: set[int] = set()
     consumers = graph.consumers()
     for v in reversed(op_order(graph)):
         if v.id not in kept:
             continue
         tpl = v.template
-        read = v.op != "Dropout" and (
-            (tpl is not None and any(r[0] == "out" for tn in tpl.nodes for r in tn.inputs))
-            or any(c in kept for c in consumers.get(v.id, ())))
-        if not read:
+        nodes = tpl.nodes if tpl is not None else []
+        read = (any(r[0] == "out" for tn in nodes for r in tn.inputs)
+                or any(c in present for c in consumers.get(v.id, ())))
+        if v.op == "Dropout" or (not read and v.op in ops.MUST_WRITE):
             kept.discard(v.id)
+        elif read or any(tn.control_fwd for tn in nodes):
+            present.add(v.id)
     return kept
 
 
 def _score(graph: Graph, mirror: set[int]) -> Score:
     mirror = drop_unread(graph, mirror)
-    while True:
-        tg = schedule.build(graph, mirror)
-        if not mirror:
-            break
-        read = {id(src) for t in tg.nodes for src, _ in t.inputs}
-        unread = {t.fwd for t in tg.nodes if t.role == "mirror" and id(t) not in read}
-        if not unread:
-            break
-        mirror -= unread
+    tg = schedule.build(graph, mirror)
     planned = memory.simulate(tg).total_bytes
     total = graph.forward_flops or 1.0
     extra = sum(graph.nodes[t.fwd].flops for t in tg.nodes if t.role == "mirror")
