@@ -153,10 +153,11 @@ def cmd_memory(args) -> int:
     if not args.no_bind:
         req = mxnet_adapter.normalize_grad_req(sym, shapes, None)
         jobs = [{"symbol": p.source_json, "shapes": shapes, "type_dict": dtypes,
-                 "grad_req": req},
-                {"symbol": annotate_json(p.source_json, p.mirror_ids), "shapes": shapes,
-                 "type_dict": dtypes, "grad_req": req}]
-        mb = mxnet_adapter.mxnet_mb_many(jobs)
+                 "grad_req": req}]
+        if p.segmented is None:  # a segmented plan runs several executors: no single figure
+            jobs.append({"symbol": annotate_json(p.source_json, p.mirror_ids),
+                         "shapes": shapes, "type_dict": dtypes, "grad_req": req})
+        mb = mxnet_adapter.mxnet_mb_many(jobs) + [None]
         out["mxnet_mb"] = {"sharing": mb[0], "planned": mb[1]}
     if args.json:
         print(json.dumps(out))
@@ -164,7 +165,7 @@ def cmd_memory(args) -> int:
     print(f"{'strategy':<10} {'simulated MB':>13} {'MXNet MB':>9}")
     for k in ("none", "inplace", "sharing", "planned"):
         mx_mb = out.get("mxnet_mb", {}).get(k, "")
-        print(f"{k:<10} {sim[k]:>13.1f} {mx_mb!s:>9}")
+        print(f"{k:<10} {sim[k]:>13.1f} {'-' if mx_mb is None else mx_mb!s:>9}")
     return 0
 
 
