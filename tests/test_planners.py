@@ -57,3 +57,41 @@ def test_unread_copies_of_cheap_ops_are_kept_when_they_save_memory() -> None:
     without = score(graph, p.mirror_ids - unread)
     assert p.planned_bytes < p.baseline_bytes
     assert p.planned_bytes <= without.planned_bytes
+
+
+def test_budget_below_one_recomputation_falls_back_to_the_multilevel_executor() -> None:
+    """A budget no one-recompute plan meets gets a segmented plan that fits, and trains."""
+    x = mx.sym.var("data")
+    for i in range(24):
+        x = mx.sym.Activation(mx.sym.FullyConnected(x, num_hidden=256, name=f"fc{i}"),
+                              act_type="tanh", name=f"act{i}")
+    sym = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(x, num_hidden=10, name="out"),
+                               name="softmax")
+    shapes = dict(data=(128, 256), softmax_label=(128,))
+    graph, source = prepare(sym, **shapes)
+    one_recompute = make_plan(graph, "optimal")
+    deepest = make_plan(graph, "recursive")
+    assert deepest.planned_bytes < one_recompute.planned_bytes, "no room below one recompute"
+    budget = (one_recompute.planned_bytes + deepest.planned_bytes) // 2
+    p = mxmirror.plan(sym, policy="budget", budget=budget, **shapes)
+    assert p.segmented is not None
+    assert p.planned_bytes <= budget
+    assert p.recompute_ratio > one_recompute.recompute_ratio
+
+    rng = np.random.RandomState(0)
+    values = {n: rng.uniform(-0.1, 0.1, s) for n, s in
+              zip(sym.list_arguments(), sym.infer_shape(**shapes)[0])}
+    values["softmax_label"] = rng.randint(0, 10, shapes["softmax_label"])
+    req = {a: ("null" if a in shapes else "write") for a in sym.list_arguments()}
+    grads = []
+    for ex in (sym.simple_bind(mx.cpu(), grad_req=req, **shapes),
+               mxmirror.simple_bind(sym, mx.cpu(), policy="budget", budget=budget,
+                                    grad_req=req, **shapes)):
+        for name, arr in ex.arg_dict.items():
+            arr[:] = values[name]
+        ex.forward(is_train=True)
+        ex.backward()
+        mx.nd.waitall()
+        grads.append({k: g.asnumpy() for k, g in ex.grad_dict.items() if g is not None})
+    for name in grads[0]:
+        np.testing.assert_allclose(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-5)
