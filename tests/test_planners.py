@@ -95,3 +95,22 @@ def test_budget_below_one_recomputation_falls_back_to_the_multilevel_executor() 
         grads.append({k: g.asnumpy() for k, g in ex.grad_dict.items() if g is not None})
     for name in grads[0]:
         np.testing.assert_allclose(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("net", ["lstm", "resnet"])
+def test_budget_at_the_sqrt_figure_needs_no_segmented_executor(net: str) -> None:
+    """Whatever sqrt reaches with one recomputation per node, budget reaches without more."""
+    from symbols import resnet
+
+    if net == "lstm":
+        graph, _ = prepare(lstm.paper_lstm(8, num_hidden=64, num_embed=64),
+                           **lstm.input_shapes(8, 16, num_hidden=64))
+    else:
+        graph, _ = prepare(resnet.resnet_by_depth(20, bottleneck=False, num_classes=10,
+                                                  image_shape=(3, 32, 32)),
+                           data=(16, 3, 32, 32))
+    sq = make_plan(graph, "sqrt")
+    p = make_plan(graph, "budget", sq.planned_bytes)
+    assert p.segmented is None
+    assert p.planned_bytes <= sq.planned_bytes
+    assert p.recompute_ratio <= sq.recompute_ratio + 1e-9

@@ -2,9 +2,11 @@
 
 The family searched, from no recompute upward: no plan, cheap ops only,
 segment plans that recompute only cheap ops, then full segment plans over a
-grid of segment sizes. Each is scored by the simulator; the one with the least
-recompute that fits wins. When none fits, the error states the smallest figure
-reachable so the user can pick a budget.
+grid of segment sizes, and the sqrt policy's own plan. Each is scored by the
+simulator; the one with the least recompute that fits wins. When none fits,
+segments are recomputed several times (the multi-level DP on the segmented
+executor); only if even that cannot fit does the error state the smallest
+figure reachable.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from ..plan import Plan
 from .cheap import _names, cheap_mirror
 from .common import score, segment_mirror
 from .sqrt import candidates
+from .sqrt import plan as sqrt_policy
 
 
 def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
@@ -27,18 +30,21 @@ def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
     options.append((cm, [], score(graph, cm)))
     seen = {frozenset(), frozenset(cm)}
     for _, chosen, mirror in cands:
+        names = [graph.nodes[i].name for c in chosen for i in sorted(c.keep)]
         for m in (segment_mirror(graph, order, chosen, blockers, only_cheap=True), mirror):
             if frozenset(m) in seen:
                 continue
             seen.add(frozenset(m))
-            options.append((m, chosen, score(graph, m)))
+            options.append((m, names, score(graph, m)))
+    # the sqrt policy's own plan too: budget never recomputes more than sqrt where sqrt fits
+    sq = sqrt_policy(graph)
+    options.append((sq.mirror_ids, sq.checkpoints, score(graph, sq.mirror_ids)))
     fits = [o for o in options if o[2].planned_bytes <= budget_bytes]
     if not fits:
         return _multilevel(graph, budget_bytes, base.planned_bytes,
                            min(o[2].planned_bytes for o in options))
-    mirror, chosen, s = min(fits, key=lambda o: (o[2].recompute_ratio, o[2].planned_bytes))
-    ckpts = [graph.nodes[i].name for c in chosen for i in sorted(c.keep)]
-    return Plan("budget", graph, set(s.mirror), ckpts, base.planned_bytes, s.planned_bytes,
+    _, ckpts, s = min(fits, key=lambda o: (o[2].recompute_ratio, o[2].planned_bytes))
+    return Plan("budget", graph, set(s.mirror), list(ckpts), base.planned_bytes, s.planned_bytes,
                 s.recompute_ratio, skipped=_names(graph, blockers))
 
 
