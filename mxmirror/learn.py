@@ -33,12 +33,21 @@ SIZE_ATTRS = {
 
 
 def signature(op: str, attrs: dict[str, str], in_shapes: list[tuple], aux: list[int],
-              dtypes: list[str], literal: bool = False) -> str:
-    """Cache key of an op signature; exact shapes only for templates that need them."""
+              dtypes: list[str], literal: bool = False, out_shapes: list[tuple] = ()) -> str:
+    """Cache key of an op signature; exact shapes only for templates that need them.
+
+    Which input and output shapes are equal is part of the key: a template records a
+    hidden output's shape as "like input j" or "like output k", and that is only
+    unambiguous among nodes whose shapes coincide the same way (a stride-1 max pooling
+    learned where input and output agree must not serve a strided one).
+    """
     kept = {k: v for k, v in sorted(attrs.items())
             if not k.startswith("__") and k not in SIZE_ATTRS and k != "ctx_group"}
+    shapes = [tuple(s) for s in in_shapes] + [tuple(s) for s in out_shapes]
+    same = [[i, j] for i in range(len(shapes)) for j in range(i + 1, len(shapes))
+            if shapes[i] == shapes[j]]
     key = {"op": op, "attrs": kept, "n": len(in_shapes), "aux": aux,
-           "ndim": [len(s) for s in in_shapes], "dtypes": dtypes}
+           "ndim": [len(s) for s in in_shapes], "dtypes": dtypes, "same": same}
     if literal:
         key["shapes"] = [list(s) for s in in_shapes]
     return json.dumps(key, sort_keys=True)
@@ -205,6 +214,15 @@ def _shape_ref(shape: tuple, in_shapes: list[tuple], out_shapes: list[tuple],
     return ("lit", shape)
 
 
+def _hidden_ref(shape: tuple, k: int, in_shapes: list[tuple], out_shapes: list[tuple]) -> tuple:
+    """A forward output's shape: like an earlier output first (a workspace, a mask), then
+    like an input (BatchNorm's mean and variance are like gamma), else literal."""
+    for j, s in enumerate(out_shapes[:k]):
+        if s == shape:
+            return ("out", j)
+    return _shape_ref(shape, in_shapes, [])
+
+
 def _template_from_bind(spec: dict, memlog: list[dict], dbg_nodes: list[dict],
                         dbg_outputs: list[tuple[str, int]], num_heads: int,
                         grad_inputs: list[int]) -> Template:
@@ -259,8 +277,7 @@ def _template_from_bind(spec: dict, memlog: list[dict], dbg_nodes: list[dict],
         e = entry_of[(last_of[name], idx)]
         input_grads[j] = skipped_copy.get(e, ref_of.get(e))
     literal = any(s[0] == "lit" for n in tnodes for s in n.out_shapes)
-    hidden = [_shape_ref(s, in_shapes, out_shapes[:k] + out_shapes[k + 1:])
-              for k, s in enumerate(out_shapes)]
+    hidden = [_hidden_ref(s, k, in_shapes, out_shapes) for k, s in enumerate(out_shapes)]
     literal = literal or any(s[0] == "lit" for s in hidden[spec["num_visible"]:])
     return Template(op=spec["op"], num_outputs=len(out_shapes),
                     num_visible=spec["num_visible"], nodes=tnodes, input_grads=input_grads,

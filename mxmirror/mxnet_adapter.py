@@ -222,52 +222,48 @@ def _dtype_name(t: Any) -> str:
         return str(getattr(t, "__name__", t))
 
 
+def _spec(graph: Graph, n: Node, aux_names: set[str]) -> dict:
+    """What the learner needs to bind this node alone, and what its template depends on."""
+    return {"op": n.op, "attrs": {k: v for k, v in n.attrs.items() if not k.startswith("__")},
+            "shapes": [list(graph.nodes[s].shapes[k]) for s, k in n.inputs],
+            "dtypes": [graph.nodes[s].dtypes[k] for s, k in n.inputs],
+            "aux": [j for j, (s, _) in enumerate(n.inputs)
+                    if graph.nodes[s].is_variable and graph.nodes[s].name in aux_names],
+            "num_visible": len(n.shapes), "out_shapes": [list(x) for x in n.shapes]}
+
+
+def _key(spec: dict, literal: bool = False) -> str:
+    return learn.signature(spec["op"], spec["attrs"], spec["shapes"], spec["aux"],
+                           spec["dtypes"], literal=literal, out_shapes=spec["out_shapes"])
+
+
 def attach_templates(graph: Graph, aux_names: set[str]) -> None:
     """Give every op node its backward template, learning unknown ones from MXNet."""
     st = store()
-    pending: dict[str, dict] = {}
-    keys: dict[int, str] = {}
-    for n in graph.op_nodes:
-        in_shapes = [graph.nodes[s].shapes[k] for s, k in n.inputs]
-        in_types = [graph.nodes[s].dtypes[k] for s, k in n.inputs]
-        aux_pos = [j for j, (s, _) in enumerate(n.inputs) if graph.nodes[s].name in aux_names
-                   and graph.nodes[s].is_variable]
-        attrs = {k: v for k, v in n.attrs.items() if not k.startswith("__")}
-        key = learn.signature(n.op, attrs, in_shapes, aux_pos, in_types)
-        tpl = st.get(key)
-        if tpl is not None and tpl.literal:
-            key = learn.signature(n.op, attrs, in_shapes, aux_pos, in_types, literal=True)
-            tpl = st.get(key)
-        keys[n.id] = key
-        if tpl is None and key not in pending:
-            pending[key] = {"op": n.op, "attrs": attrs, "shapes": [list(s) for s in in_shapes],
-                            "dtypes": in_types, "aux": aux_pos, "num_visible": len(n.shapes)}
-    if pending:
-        learned = learn.learn(list(pending.values()))
+    specs = {n.id: _spec(graph, n, aux_names) for n in graph.op_nodes}
+
+    def lookup(spec: dict):
+        tpl = st.get(_key(spec))
+        return st.get(_key(spec, literal=True)) if tpl is not None and tpl.literal else tpl
+
+    for _ in range(2):  # the second round relearns literal templates at each node's shapes
+        pending: dict[str, dict] = {}
+        for spec in specs.values():
+            if lookup(spec) is None:
+                key = _key(spec, literal=st.get(_key(spec)) is not None)
+                pending.setdefault(key, spec)
+        if not pending:
+            break
         new = {}
-        for (key, spec), tpl in zip(pending.items(), learned):
+        for (key, spec), tpl in zip(pending.items(), learn.learn(list(pending.values()))):
             new[key] = tpl
             if tpl.literal:
-                new[learn.signature(spec["op"], spec["attrs"], spec["shapes"], spec["aux"],
-                                    spec["dtypes"], literal=True)] = tpl
+                new[_key(spec, literal=True)] = tpl
         st.put_many(new)
-        # a literal template is only valid at its own shapes: relearn the others
-        again = {}
-        for n in graph.op_nodes:
-            tpl = st.get(keys[n.id])
-            if tpl is not None and tpl.literal:
-                in_shapes = [graph.nodes[s].shapes[k] for s, k in n.inputs]
-                spec = pending.get(keys[n.id]) or {}
-                lkey = learn.signature(n.op, spec.get("attrs", {}), in_shapes,
-                                       spec.get("aux", []), spec.get("dtypes", []),
-                                       literal=True)
-                if st.get(lkey) is None and lkey not in again and spec:
-                    again[lkey] = dict(spec, shapes=[list(s) for s in in_shapes])
-                keys[n.id] = lkey
-        if again:
-            st.put_many(dict(zip(again, learn.learn(list(again.values())))))
     for n in graph.op_nodes:
-        tpl = st.get(keys[n.id])
+        tpl = lookup(specs[n.id])
+        if tpl is None:
+            raise PlanError(f"no backward template for {n.name} ({n.op})")
         n.template = tpl
         in_shapes = [graph.nodes[s].shapes[k] for s, k in n.inputs]
         for ref in tpl.fwd_out_shapes[len(n.shapes):]:
