@@ -97,7 +97,7 @@ def front(graph: Graph, points: int = FRONT_POINTS):
 
 MAX_LOCAL_STEPS = 120
 SWEEPS = 2
-FACTORS = (0.5, 0.71, 1.41, 2.0)
+FACTORS = (0.0, 0.25, 0.5, 0.71, 1.41, 2.0, 4.0)
 
 
 def regions(cuts: list[Cut]) -> list[int]:
@@ -181,27 +181,38 @@ def _losses(graph: Graph) -> set[int]:
 
 
 def _local_search(graph, order, cuts, blockers, best, mirror, chosen):
-    """Drop a kept cut or shift it to a neighbouring candidate while memory falls."""
+    """Drop, shift or add one cut at a time while simulated memory falls.
+
+    The cuts are visited round robin (an accepted move does not restart the scan), so a
+    bounded number of steps reaches every part of the chain; a pass with no improvement ends
+    it. "Add" puts a cut a quarter, half or three quarters of the way from the kept cut before.
+    """
     by_pos = sorted(cuts, key=lambda c: c.pos)
     index = {c.pos: i for i, c in enumerate(by_pos)}
-    steps = 0
-    improved = True
-    while improved and steps < MAX_LOCAL_STEPS:
-        improved = False
-        for j in range(len(chosen)):
-            i = index.get(chosen[j].pos)
-            options = [chosen[:j] + chosen[j + 1:]]
+    losses = bool(mirror & _losses(graph))
+    steps, j, quiet = 0, 0, 0
+    while chosen and steps < MAX_LOCAL_STEPS and quiet <= len(chosen):
+        j %= len(chosen)
+        i = index.get(chosen[j].pos)
+        options = [chosen[:j] + chosen[j + 1:]]
+        if i is not None:
             for d in (-1, 1):
-                if i is not None and 0 <= i + d < len(by_pos):
+                if 0 <= i + d < len(by_pos):
                     options.append(chosen[:j] + [by_pos[i + d]] + chosen[j + 1:])
-            for opt in options:
-                m = segment_mirror(graph, order, opt, blockers,
-                                   mirror_losses=bool(mirror & _losses(graph)))
-                s = score(graph, m)
-                steps += 1
-                if s.planned_bytes < best.planned_bytes:
-                    best, mirror, chosen, improved = s, m, opt, True
-                    break
-            if improved or steps >= MAX_LOCAL_STEPS:
+            lo = index.get(chosen[j - 1].pos, -1) if j > 0 else -1
+            for mid in sorted({lo + (i - lo) * q // 4 for q in (1, 2, 3)}):
+                if lo < mid < i:
+                    options.append(chosen[:j] + [by_pos[mid]] + chosen[j:])
+        accepted = False
+        for opt in options:
+            m = segment_mirror(graph, order, opt, blockers, mirror_losses=losses)
+            s = score(graph, m)
+            steps += 1
+            if s.planned_bytes < best.planned_bytes:
+                best, mirror, chosen, accepted = s, m, opt, True
                 break
+            if steps >= MAX_LOCAL_STEPS:
+                break
+        quiet = 0 if accepted else quiet + 1
+        j += 1
     return best, mirror, chosen
