@@ -281,7 +281,7 @@ _TOTAL_RE = re.compile(r"Total (\d+) MB allocated")
 
 
 def mxnet_mb_many(jobs: list[dict]) -> list[int]:
-    """MXNet's ``Total X MB allocated`` for several binds, in one child process.
+    """MXNet's ``Total X MB allocated`` for several binds, each in its own child process.
 
     A job: {"symbol": json text, "shapes": {...}, "type_dict": {...} | None,
     "grad_req": {...}, "env": {...}}. Binding happens in a child so that the

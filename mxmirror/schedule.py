@@ -59,7 +59,8 @@ class TrainingGraph:
         return e[0].eid + e[1]
 
 
-def _sizes(node: Node) -> list[int]:
+def element_counts(node: Node) -> list[int]:
+    """Elements of each output, cached on the node (read for every training graph built)."""
     sizes = node.__dict__.get("_sizes")
     if sizes is None:
         sizes = node.__dict__["_sizes"] = [prod(s) for s in node.shapes]
@@ -110,9 +111,9 @@ def build(graph: Graph, mirror: set[int] | None = None) -> TrainingGraph:
     fwd: dict[int, TNode] = {}
     for n in topo:
         if n.is_variable:
-            fwd[n.id] = TNode(None, n.name, [], _sizes(n), "var", n.id)
+            fwd[n.id] = TNode(None, n.name, [], element_counts(n), "var", n.id)
         else:
-            fwd[n.id] = TNode(n.op, n.name, [(fwd[s], k) for s, k in n.inputs], _sizes(n),
+            fwd[n.id] = TNode(n.op, n.name, [(fwd[s], k) for s, k in n.inputs], element_counts(n),
                               "fwd", n.id)
     outputs = [(fwd[h[0]], h[1]) for h in graph.heads]
     xs = [n for n in graph.nodes if n.kind == PARAM and n.id in fwd]
@@ -141,7 +142,7 @@ def build(graph: Graph, mirror: set[int] | None = None) -> TrainingGraph:
     for n in reversed(topo):
         if n.is_variable:
             continue
-        agg = [_aggregate(g, size, n) for g, size in zip(grads[n.id], _sizes(n))]
+        agg = [_aggregate(g, size, n) for g, size in zip(grads[n.id], element_counts(n))]
         if not n.inputs:
             continue
         tpl = n.template

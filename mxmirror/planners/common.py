@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from .. import memory, ops, schedule
 from ..graph import Graph, Node
 
-NO_HEAD = -1
-
 
 @dataclass
 class Cut:
@@ -41,13 +39,7 @@ def mirror_blockers(graph: Graph) -> dict[int, str]:
 
 def node_bytes(n: Node) -> int:
     """Bytes as MXNet's planner counts them (4 per element, every output)."""
-    total = 0
-    for s in n.shapes:
-        size = 1
-        for d in s:
-            size *= d
-        total += size * memory.ELEMENT_BYTES
-    return total
+    return sum(schedule.element_counts(n)) * memory.ELEMENT_BYTES
 
 
 def find_cuts(graph: Graph) -> list[Cut]:
@@ -121,9 +113,13 @@ def score(graph: Graph, mirror: set[int]) -> Score:
 
     Unread copies of ops that must write are dropped first (see drop_unread).
     """
-    mirror = set(mirror)
     with _gc_paused():
-        return _score(graph, mirror)
+        mirror = drop_unread(graph, mirror)
+        tg = schedule.build(graph, mirror)
+        planned = memory.simulate(tg).total_bytes
+    total = graph.forward_flops or 1.0
+    extra = sum(graph.nodes[t.fwd].flops for t in tg.nodes if t.role == "mirror")
+    return Score(planned, extra / total, frozenset(mirror))
 
 
 @contextlib.contextmanager
@@ -167,15 +163,6 @@ def drop_unread(graph: Graph, mirror: set[int]) -> set[int]:
         elif read or any(tn.control_fwd for tn in nodes):
             present.add(v.id)
     return kept
-
-
-def _score(graph: Graph, mirror: set[int]) -> Score:
-    mirror = drop_unread(graph, mirror)
-    tg = schedule.build(graph, mirror)
-    planned = memory.simulate(tg).total_bytes
-    total = graph.forward_flops or 1.0
-    extra = sum(graph.nodes[t.fwd].flops for t in tg.nodes if t.role == "mirror")
-    return Score(planned, extra / total, frozenset(mirror))
 
 
 def segment_mirror(graph: Graph, order: list[Node], cuts: list[Cut],

@@ -40,17 +40,12 @@ def min_checkpoints(prefix: list[int], cuts: list[Cut], bound: int) -> list[Cut]
     best = [None] * n
     back = [-1] * n
     window: deque[int] = deque()  # indices of reachable predecessors, best first
-    start_ok = True
-    lo = 0
     for j in range(n):
         # drop predecessors too far behind
         while window and at[j] - at[window[0]] > bound:
             window.popleft()
-        while lo < j and at[j] - at[lo] > bound:
-            lo += 1
-        start_ok = at[j] <= bound
         cands = []
-        if start_ok:
+        if at[j] <= bound:  # the chain's start is within reach
             cands.append((0, -1))
         if window:
             cands.append((best[window[0]], window[0]))
@@ -61,9 +56,9 @@ def min_checkpoints(prefix: list[int], cuts: list[Cut], bound: int) -> list[Cut]
             while window and best[window[-1]] >= best[j]:
                 window.pop()
             window.append(j)
-    finals = [j for j in range(n) if best[j] is not None and end - at[j] <= bound]
     if end <= bound:
         return []
+    finals = [j for j in range(n) if best[j] is not None and end - at[j] <= bound]
     if not finals:
         return None
     j = min(finals, key=lambda k: best[k])
