@@ -81,8 +81,32 @@ def find_cuts(graph: Graph) -> list[Cut]:
                 continue
             cuts.append(Cut(i, keep, b))
     cuts += tagged_cuts(graph, order, pos)
+    cuts = [Cut(c.pos, c.keep, kept_bytes(graph, c.keep)) for c in cuts]
     cuts.sort(key=lambda c: c.pos)
     return cuts
+
+
+def backward_reads(node: Node) -> set[int]:
+    """Input positions the node's backward reads (from its learned template)."""
+    tpl = node.template
+    if tpl is None:
+        return set(range(len(node.inputs)))
+    return {r[1] for tn in tpl.nodes for r in tn.inputs if r[0] == "in"}
+
+
+def kept_bytes(graph: Graph, keep: frozenset[int]) -> int:
+    """What keeping `keep` holds until backward: the kept outputs, plus the input entries
+    their backward reads. A kept node's backward runs on the original node, so it reads the
+    original inputs, which then stay alive even where they are mirrored (an LSTM's kept
+    h = o * tanh(c) pins o and tanh(c))."""
+    held = {(k, i) for k in keep for i in range(len(graph.nodes[k].shapes))}
+    for k in keep:
+        n = graph.nodes[k]
+        for j in backward_reads(n):
+            if j < len(n.inputs) and not graph.nodes[n.inputs[j][0]].is_variable:
+                held.add(n.inputs[j])
+    return sum(schedule.element_counts(graph.nodes[k])[i] for k, i in held) \
+        * memory.ELEMENT_BYTES
 
 
 def tagged_cuts(graph: Graph, order: list[Node], pos: dict[int, int]) -> list[Cut]:

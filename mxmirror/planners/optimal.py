@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from .. import memory, schedule
 from ..graph import Graph
 from ..ops import LOSSES
 from ..plan import Plan
@@ -166,6 +167,7 @@ def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
                     if s.planned_bytes < best[0].planned_bytes:
                         best, budgets = (s, mirror, chosen), trial
     s, mirror, chosen = _local_search(graph, order, cuts, blockers, *best)
+    s, mirror, chosen = _peak_search(graph, order, cuts, blockers, s, mirror, chosen)
     ckpts = [graph.nodes[i].name for c in chosen for i in sorted(c.keep)]
     return Plan("optimal", graph, set(s.mirror), ckpts, base.planned_bytes, s.planned_bytes,
                 s.recompute_ratio, skipped=_names(graph, blockers))
@@ -210,4 +212,60 @@ def _local_search(graph, order, cuts, blockers, best, mirror, chosen):
                 break
         quiet = 0 if accepted else quiet + 1
         j += 1
+    return best, mirror, chosen
+
+
+PEAK_STEPS = 60
+
+
+def _peak_position(graph: Graph, mirror: set[int], pos: dict[int, int]) -> int | None:
+    """Forward position of the last node recomputed before the simulated peak of live bytes:
+    the segment whose recomputation sets the peak."""
+    tg = schedule.build(graph, mirror)
+    line = memory.simulate(tg, timeline=True).timeline
+    p = max(range(len(line)), key=line.__getitem__)
+    for t in reversed(tg.nodes[:p + 1]):
+        if t.role == "mirror" and t.fwd in pos:
+            return pos[t.fwd]
+    return None
+
+
+def _peak_search(graph, order, cuts, blockers, best, mirror, chosen):
+    """Split or shrink the segment recomputed at the peak while simulated memory falls.
+
+    The round-robin search treats every cut alike; the peak is where a change pays. Moves:
+    a cut a quarter, half or three quarters into the peak segment, or one of its two bounding
+    cuts moved one candidate inwards.
+    """
+    by_pos = sorted(cuts, key=lambda c: c.pos)
+    pos = {n.id: i for i, n in enumerate(order)}
+    losses = bool(mirror & _losses(graph))
+    steps = 0
+    while steps < PEAK_STEPS:
+        x = _peak_position(graph, best.mirror, pos)
+        if x is None:
+            break
+        chosen = sorted(chosen, key=lambda c: c.pos)
+        a = max((k for k, c in enumerate(chosen) if c.pos < x), default=-1)
+        lo = chosen[a].pos if a >= 0 else -1
+        hi = chosen[a + 1].pos if a + 1 < len(chosen) else len(order)
+        inside = [c for c in by_pos if lo < c.pos < hi]
+        options = []
+        for q in (2, 1, 3):
+            if inside:
+                options.append(chosen[:a + 1] + [inside[len(inside) * q // 4]] + chosen[a + 1:])
+        if inside and a >= 0:
+            options.append(chosen[:a] + [inside[0]] + chosen[a + 1:])
+        if inside and a + 1 < len(chosen):
+            options.append(chosen[:a + 1] + [inside[-1]] + chosen[a + 2:])
+        found = None
+        for opt in options:
+            m = segment_mirror(graph, order, opt, blockers, mirror_losses=losses)
+            s = score(graph, m)
+            steps += 1
+            if s.planned_bytes < (found or best).planned_bytes:
+                found, fm, fc = s, m, opt
+        if found is None:
+            break
+        best, mirror, chosen = found, fm, fc
     return best, mirror, chosen
