@@ -17,6 +17,7 @@ class Cut:
     pos: int  # position in the op-node order
     keep: frozenset[int]  # node ids whose outputs cross the cut
     bytes: int  # MXNet-counted bytes of those outputs
+    held: int = 0  # bytes keeping them holds until backward (see kept_bytes)
 
 
 def op_order(graph: Graph) -> list[Node]:
@@ -81,7 +82,8 @@ def find_cuts(graph: Graph) -> list[Cut]:
                 continue
             cuts.append(Cut(i, keep, b))
     cuts += tagged_cuts(graph, order, pos)
-    cuts = [Cut(c.pos, c.keep, kept_bytes(graph, c.keep)) for c in cuts]
+    for c in cuts:
+        c.held = kept_bytes(graph, c.keep)
     cuts.sort(key=lambda c: c.pos)
     return cuts
 

@@ -52,7 +52,7 @@ def min_checkpoints(prefix: list[int], cuts: list[Cut], bound: int) -> list[Cut]
             cands.append((best[window[0]], window[0]))
         if cands:
             cost, prev = min(cands)
-            best[j] = cost + cuts[j].bytes
+            best[j] = cost + cuts[j].held
             back[j] = prev
             while window and best[window[-1]] >= best[j]:
                 window.pop()
@@ -86,7 +86,7 @@ def front(graph: Graph, points: int = FRONT_POINTS):
         bound = int(lo * (hi / lo) ** (k / (points - 1)))
         chosen = min_checkpoints(prefix, cuts, bound)
         if chosen is not None:
-            kept = sum(c.bytes for c in chosen)
+            kept = sum(c.held for c in chosen)
             out.append((kept + bound, bound, chosen))
     return order, out
 
@@ -100,7 +100,7 @@ def regions(cuts: list[Cut]) -> list[int]:
     """Region index per cut: runs of cuts of about the same size (a ResNet stage)."""
     out, last, r = [], None, -1
     for c in cuts:
-        cls = max(c.bytes, 1).bit_length()
+        cls = max(c.held, 1).bit_length()
         if cls != last:
             r, last = r + 1, cls
         out.append(r)
