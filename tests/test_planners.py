@@ -136,3 +136,39 @@ def test_a_cut_costs_its_values_and_the_inputs_their_backward_pins() -> None:
             if [graph.nodes[i].name for i in c.keep] == ["stage1_unit1_sum"]]
     assert len(sums) == 1
     assert sums[0].bytes == sums[0].held == 2 * 16 * 8 * 8 * 4
+
+
+def test_the_taper_search_improves_a_flat_plan_and_mxnet_allocates_its_prediction() -> None:
+    """optimal's last phase (segment lengths per stage, piecewise constant; stages of 24+
+    candidate cuts) changes where cuts go, so its plans must still be exactly what MXNet
+    allocates."""
+    import re
+
+    from mxmirror.plan import Plan
+    from mxmirror.planners import optimal
+    from mxmirror.planners.common import (
+        find_cuts,
+        greedy_cuts,
+        mirror_blockers,
+        op_order,
+        score,
+        segment_mirror,
+    )
+    from symbols.resnet import resnet
+
+    sym = resnet([26, 26, 26], bottleneck=False, num_classes=10, image_shape=(3, 32, 32))
+    shapes = dict(data=(16, 3, 32, 32), softmax_label=(16,))
+    graph, source = prepare(sym, **shapes)
+    order, cuts, blockers = op_order(graph), find_cuts(graph), mirror_blockers(graph)
+    start = greedy_cuts(order, cuts, 6 * max(c.bytes for c in cuts))
+    mirror = segment_mirror(graph, order, start, blockers)
+    flat = score(graph, mirror)
+    got, got_mirror, got_cuts = optimal._taper_search(graph, order, cuts, blockers, flat,
+                                                      mirror, start)
+    assert got.planned_bytes < flat.planned_bytes
+    plan = Plan("optimal", graph, set(got.mirror), [], 0, got.planned_bytes, 0.0,
+                source_json=source)
+    req = {a: "write" for a in sym.list_arguments()}
+    ex = plan.symbol.simple_bind(mx.cpu(), grad_req=req, **shapes)
+    mb = int(re.search(r"Total (\d+) MB allocated", ex.debug_str()).group(1))
+    assert mb == got.planned_bytes // 2**20
