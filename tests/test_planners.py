@@ -9,8 +9,19 @@ import pytest
 import mxmirror
 from mxmirror import ops, schedule
 from mxmirror.api import prepare
-from mxmirror.planners import make_plan
+from mxmirror.mxnet_adapter import mxnet_mb
+from mxmirror.plan import Plan
+from mxmirror.planners import make_plan, optimal
+from mxmirror.planners.common import (
+    find_cuts,
+    greedy_cuts,
+    mirror_blockers,
+    op_order,
+    score,
+    segment_mirror,
+)
 from symbols import lstm
+from symbols.resnet import resnet, resnet_by_depth
 
 
 def _embedding_lm():
@@ -52,8 +63,6 @@ def test_unread_copies_of_cheap_ops_are_kept_when_they_save_memory() -> None:
     read = {id(src) for t in tg.nodes for src, _ in t.inputs}
     unread = {t.fwd for t in tg.nodes if t.role == "mirror" and id(t) not in read}
     assert unread, "the cheap LSTM plan has no unread copies: this test checks nothing"
-    from mxmirror.planners.common import score
-
     without = score(graph, p.mirror_ids - unread)
     assert p.planned_bytes < p.baseline_bytes
     assert p.planned_bytes <= without.planned_bytes
@@ -100,14 +109,12 @@ def test_budget_below_one_recomputation_falls_back_to_the_multilevel_executor() 
 @pytest.mark.parametrize("net", ["lstm", "resnet"])
 def test_budget_at_the_sqrt_figure_needs_no_segmented_executor(net: str) -> None:
     """Whatever sqrt reaches with one recomputation per node, budget reaches without more."""
-    from symbols import resnet
-
     if net == "lstm":
         graph, _ = prepare(lstm.paper_lstm(8, num_hidden=64, num_embed=64),
                            **lstm.input_shapes(8, 16, num_hidden=64))
     else:
-        graph, _ = prepare(resnet.resnet_by_depth(20, bottleneck=False, num_classes=10,
-                                                  image_shape=(3, 32, 32)),
+        graph, _ = prepare(resnet_by_depth(20, bottleneck=False, num_classes=10,
+                                           image_shape=(3, 32, 32)),
                            data=(16, 3, 32, 32))
     sq = make_plan(graph, "sqrt")
     p = make_plan(graph, "budget", sq.planned_bytes)
@@ -120,9 +127,6 @@ def test_a_cut_costs_its_values_and_the_inputs_their_backward_pins() -> None:
     """A kept h = o * tanh(c) is read by its own backward together with o and tanh(c), so
     the LSTM step cut {c, h} (two values cross) holds four tensors; a residual sum's backward
     reads nothing."""
-    from mxmirror.planners.common import find_cuts
-    from symbols.resnet import resnet
-
     batch, hidden = 4, 16
     graph, _ = prepare(lstm.paper_lstm(3, num_layers=1, num_hidden=hidden, num_embed=hidden),
                        **lstm.input_shapes(3, batch, num_layers=1, num_hidden=hidden))
@@ -142,33 +146,19 @@ def test_the_taper_search_improves_a_flat_plan_and_mxnet_allocates_its_predictio
     """optimal's last phase (segment lengths per stage, piecewise constant; stages of 24+
     candidate cuts) changes where cuts go, so its plans must still be exactly what MXNet
     allocates."""
-    import re
-
-    from mxmirror.plan import Plan
-    from mxmirror.planners import optimal
-    from mxmirror.planners.common import (
-        find_cuts,
-        greedy_cuts,
-        mirror_blockers,
-        op_order,
-        score,
-        segment_mirror,
-    )
-    from symbols.resnet import resnet
-
     sym = resnet([26, 26, 26], bottleneck=False, num_classes=10, image_shape=(3, 32, 32))
     shapes = dict(data=(16, 3, 32, 32), softmax_label=(16,))
     graph, source = prepare(sym, **shapes)
     order, cuts, blockers = op_order(graph), find_cuts(graph), mirror_blockers(graph)
+
+    def evaluate(chosen):
+        mirror = segment_mirror(graph, order, chosen, blockers)
+        return score(graph, mirror), mirror
+
     start = greedy_cuts(order, cuts, 6 * max(c.bytes for c in cuts))
-    mirror = segment_mirror(graph, order, start, blockers)
-    flat = score(graph, mirror)
-    got, got_mirror, got_cuts = optimal._taper_search(graph, order, cuts, blockers, flat,
-                                                      mirror, start)
+    flat, mirror = evaluate(start)
+    got, _, _ = optimal._taper_search(evaluate, cuts, flat, mirror, start)
     assert got.planned_bytes < flat.planned_bytes
     plan = Plan("optimal", graph, set(got.mirror), [], 0, got.planned_bytes, 0.0,
                 source_json=source)
-    req = {a: "write" for a in sym.list_arguments()}
-    ex = plan.symbol.simple_bind(mx.cpu(), grad_req=req, **shapes)
-    mb = int(re.search(r"Total (\d+) MB allocated", ex.debug_str()).group(1))
-    assert mb == got.planned_bytes // 2**20
+    assert mxnet_mb(plan.symbol, shapes, grad_req="write") == got.planned_bytes // 2**20

@@ -166,28 +166,24 @@ def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
                     s, mirror = evaluate(chosen)
                     if s.planned_bytes < best[0].planned_bytes:
                         best, budgets = (s, mirror, chosen), trial
-    s, mirror, chosen = _local_search(graph, order, cuts, blockers, *best)
-    s, mirror, chosen = _peak_search(graph, order, cuts, blockers, s, mirror, chosen)
-    s, mirror, chosen = _taper_search(graph, order, cuts, blockers, s, mirror, chosen)
+    best = _local_search(evaluate, cuts, *best)
+    best = _peak_search(graph, order, evaluate, cuts, *best)
+    s, mirror, chosen = _taper_search(evaluate, cuts, *best)
     ckpts = [graph.nodes[i].name for c in chosen for i in sorted(c.keep)]
     return Plan("optimal", graph, set(s.mirror), ckpts, base.planned_bytes, s.planned_bytes,
                 s.recompute_ratio, skipped=_names(graph, blockers))
 
 
-def _losses(graph: Graph) -> set[int]:
-    return {n.id for n in graph.op_nodes if n.op in LOSSES}
-
-
-def _local_search(graph, order, cuts, blockers, best, mirror, chosen):
+def _local_search(evaluate, cuts, best, mirror, chosen):
     """Drop, shift or add one cut at a time while simulated memory falls.
 
     The cuts are visited round robin (an accepted move does not restart the scan), so a
     bounded number of steps reaches every part of the chain; a pass with no improvement ends
     it. "Add" puts a cut a quarter, half or three quarters of the way from the kept cut before.
+    `evaluate` scores a list of cuts (memoized by plan()).
     """
     by_pos = sorted(cuts, key=lambda c: c.pos)
     index = {c.pos: i for i, c in enumerate(by_pos)}
-    losses = bool(mirror & _losses(graph))
     steps, j, quiet = 0, 0, 0
     while chosen and steps < MAX_LOCAL_STEPS and quiet <= len(chosen):
         j %= len(chosen)
@@ -203,8 +199,7 @@ def _local_search(graph, order, cuts, blockers, best, mirror, chosen):
                     options.append(chosen[:j] + [by_pos[mid]] + chosen[j:])
         accepted = False
         for opt in options:
-            m = segment_mirror(graph, order, opt, blockers, mirror_losses=losses)
-            s = score(graph, m)
+            s, m = evaluate(opt)
             steps += 1
             if s.planned_bytes < best.planned_bytes:
                 best, mirror, chosen, accepted = s, m, opt, True
@@ -231,7 +226,7 @@ def _peak_position(graph: Graph, mirror: set[int], pos: dict[int, int]) -> int |
     return None
 
 
-def _peak_search(graph, order, cuts, blockers, best, mirror, chosen):
+def _peak_search(graph, order, evaluate, cuts, best, mirror, chosen):
     """Split or shrink the segment recomputed at the peak while simulated memory falls.
 
     The round-robin search treats every cut alike; the peak is where a change pays. Moves:
@@ -240,7 +235,6 @@ def _peak_search(graph, order, cuts, blockers, best, mirror, chosen):
     """
     by_pos = sorted(cuts, key=lambda c: c.pos)
     pos = {n.id: i for i, n in enumerate(order)}
-    losses = bool(mirror & _losses(graph))
     steps = 0
     while steps < PEAK_STEPS:
         x = _peak_position(graph, best.mirror, pos)
@@ -261,8 +255,7 @@ def _peak_search(graph, order, cuts, blockers, best, mirror, chosen):
             options.append(chosen[:a + 1] + [inside[-1]] + chosen[a + 2:])
         found = None
         for opt in options:
-            m = segment_mirror(graph, order, opt, blockers, mirror_losses=losses)
-            s = score(graph, m)
+            s, m = evaluate(opt)
             steps += 1
             if s.planned_bytes < (found or best).planned_bytes:
                 found, fm, fc = s, m, opt
@@ -277,7 +270,7 @@ TAPER_SWEEPS = 3
 TAPERS = (0.0, 0.4, 0.7)  # first piece this much longer than the mean, the last shorter
 
 
-def _taper_search(graph, order, cuts, blockers, best, mirror, chosen):
+def _taper_search(evaluate, cuts, best, mirror, chosen):
     """Segment lengths per region, constant over each of PIECES stretches, by coordinate descent.
 
     Two effects decide MXNet's figure beyond the live bytes. Checkpoints are released as
@@ -303,7 +296,6 @@ def _taper_search(graph, order, cuts, blockers, best, mirror, chosen):
     if not gaps:
         return best, mirror, chosen
     fixed = [i for i in taken if region[i] not in gaps]
-    losses = bool(mirror & _losses(graph))
 
     def run(ls):
         sel = list(fixed)
@@ -313,8 +305,7 @@ def _taper_search(graph, order, cuts, blockers, best, mirror, chosen):
                 sel.append(idx[u])
                 u += pieces[min(PIECES - 1, u * PIECES // len(idx))]
         opt = [by_pos[i] for i in sorted(sel)]
-        m = segment_mirror(graph, order, opt, blockers, mirror_losses=losses)
-        return score(graph, m), m, opt
+        return (*evaluate(opt), opt)
 
     found = (best, mirror, chosen)
     for taper in TAPERS:
