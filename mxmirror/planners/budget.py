@@ -15,9 +15,8 @@ from ..errors import PlanError
 from ..graph import Graph
 from ..plan import Plan
 from .cheap import _names, cheap_mirror
-from .common import score, segment_mirror
-from .sqrt import candidates
-from .sqrt import plan as sqrt_policy
+from .common import checkpoint_names, score, segment_mirror
+from .sqrt import best_of, candidates
 
 
 def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
@@ -30,15 +29,17 @@ def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
     options.append((cm, [], score(graph, cm)))
     seen = {frozenset(), frozenset(cm)}
     for _, chosen, mirror in cands:
-        names = [graph.nodes[i].name for c in chosen for i in sorted(c.keep)]
+        names = checkpoint_names(graph, chosen)
         for m in (segment_mirror(graph, order, chosen, blockers, only_cheap=True), mirror):
             if frozenset(m) in seen:
                 continue
             seen.add(frozenset(m))
             options.append((m, names, score(graph, m)))
-    # the sqrt policy's own plan too: budget never recomputes more than sqrt where sqrt fits
-    sq = sqrt_policy(graph)
-    options.append((sq.mirror_ids, sq.checkpoints, score(graph, sq.mirror_ids)))
+    # the sqrt policy's own pick too: budget never recomputes more than sqrt where sqrt fits
+    sq_cands = candidates(graph)[3]
+    if sq_cands:
+        s, mirror, chosen = best_of(graph, sq_cands)
+        options.append((mirror, checkpoint_names(graph, chosen), s))
     fits = [o for o in options if o[2].planned_bytes <= budget_bytes]
     if not fits:
         return _multilevel(graph, budget_bytes, base.planned_bytes,

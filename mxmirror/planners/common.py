@@ -111,6 +111,11 @@ def kept_bytes(graph: Graph, keep: frozenset[int]) -> int:
         * memory.ELEMENT_BYTES
 
 
+def checkpoint_names(graph: Graph, chosen: list[Cut]) -> list[str]:
+    """Names of the nodes the chosen cuts keep, in cut order (a Plan's checkpoints)."""
+    return [graph.nodes[i].name for c in chosen for i in sorted(c.keep)]
+
+
 def tagged_cuts(graph: Graph, order: list[Node], pos: dict[int, int]) -> list[Cut]:
     """User-tagged cuts (mirror_stage attributes, memonger semantics)."""
     groups: dict[str, list[int]] = {}

@@ -21,6 +21,7 @@ from ..plan import Plan
 from .cheap import _names
 from .common import (
     Cut,
+    checkpoint_names,
     find_cuts,
     mirror_blockers,
     node_bytes,
@@ -169,7 +170,7 @@ def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
     best = _local_search(evaluate, cuts, *best)
     best = _peak_search(graph, order, evaluate, cuts, *best)
     s, mirror, chosen = _taper_search(evaluate, cuts, *best)
-    ckpts = [graph.nodes[i].name for c in chosen for i in sorted(c.keep)]
+    ckpts = checkpoint_names(graph, chosen)
     return Plan("optimal", graph, set(s.mirror), ckpts, base.planned_bytes, s.planned_bytes,
                 s.recompute_ratio, skipped=_names(graph, blockers))
 

@@ -13,6 +13,7 @@ from ..plan import Plan
 from .cheap import _names
 from .common import (
     Score,
+    checkpoint_names,
     find_cuts,
     greedy_cuts,
     mirror_blockers,
@@ -78,6 +79,6 @@ def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
         p.notes.append("no cut lowers memory: the graph is left as it is")
         return p
     s, mirror, chosen = result
-    ckpts = [graph.nodes[i].name for c in chosen for i in sorted(c.keep)]
+    ckpts = checkpoint_names(graph, chosen)
     return Plan("sqrt", graph, set(s.mirror), ckpts, base.planned_bytes, s.planned_bytes,
                 s.recompute_ratio, skipped=_names(graph, blockers))
