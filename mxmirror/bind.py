@@ -19,7 +19,8 @@ from typing import Any
 
 from .api import parse_budget, plan
 from .errors import PlanError
-from .segmented import SegmentedBinding
+from .executor import SegmentedBinding
+from .mxnet_adapter import UNHOOKED as _originals
 
 log = logging.getLogger("mxmirror")
 if not log.handlers:
@@ -30,7 +31,6 @@ if not log.handlers:
     log.propagate = False
 
 _state: dict[str, Any] = {"policy": None, "budget": None}
-_originals: dict[str, Any] = {}
 _cache: dict[str, str] = {}
 _segmented_cache: dict[str, SegmentedBinding] = {}
 _failed: dict[str, str] = {}  # plan key -> why planning failed (warned once)

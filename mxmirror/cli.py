@@ -140,13 +140,13 @@ def cmd_plan(args) -> int:
 
 
 def cmd_memory(args) -> int:
-    from . import memory, mxnet_adapter, schedule
+    from . import memory, mxnet_adapter, training_graph
     from .api import plan
     from .plan import annotate_json
 
     sym, shapes, dtypes, budget = _load(args)
     p = plan(sym, policy=args.policy, budget=budget, type_dict=dtypes, **shapes)
-    base = schedule.build(p.graph, set())
+    base = training_graph.build(p.graph, set())
     sim = {s: memory.simulate(base, s).mb for s in memory.STRATEGIES}
     sim["planned"] = p.planned_mb
     out = {"policy": args.policy, "simulated_mb": {k: round(v, 3) for k, v in sim.items()}}

@@ -9,7 +9,9 @@ for it), so that the training graph can be simulated without MXNet.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from math import prod
 
 from .templates import Template
@@ -44,6 +46,8 @@ class Node:
     flops: float = 0.0
     template: Template | None = None
     grad_req: str = "null"  # for variables
+    # elements of each output of each backward template node (set with the template)
+    backward_sizes: list[list[int]] = field(default_factory=list)
 
     @property
     def is_variable(self) -> bool:
@@ -57,8 +61,11 @@ class Node:
         """Real bytes of one output (its dtype's size, not MXNet's 4-byte assumption)."""
         return prod(self.shapes[index]) * DTYPE_BYTES.get(self.dtypes[index], 4)
 
-    def attr(self, key: str) -> str | None:
-        return self.attrs.get(key)
+    @cached_property
+    def element_counts(self) -> list[int]:
+        """Elements of each output, hidden ones included (read for every training graph
+        built; the adapter completes ``shapes`` before anything reads this)."""
+        return [prod(s) for s in self.shapes]
 
 
 @dataclass
@@ -68,23 +75,31 @@ class Graph:
     nodes: list[Node]
     heads: list[Entry]
 
-    def __post_init__(self) -> None:
-        self._consumers: dict[int, list[int]] | None = None
-
     @property
     def op_nodes(self) -> list[Node]:
         return [n for n in self.nodes if not n.is_variable]
 
+    @cached_property
+    def forward_order(self) -> list[Node]:
+        """DFS post-order from the heads (MXNet's DFSVisit); equals JSON order for saved
+        symbols. Planners build hundreds of training graphs from one forward graph."""
+        return [self.nodes[i] for i in post_order(
+            [h[0] for h in self.heads], lambda i: [src for src, _ in self.nodes[i].inputs])]
+
+    @cached_property
+    def op_order(self) -> list[Node]:
+        """The op nodes in forward order: positions on the chain planners cut."""
+        return [n for n in self.forward_order if not n.is_variable]
+
+    @cached_property
     def consumers(self) -> dict[int, list[int]]:
         """node id -> ids of the op nodes that read any of its outputs."""
-        if self._consumers is None:
-            cons: dict[int, list[int]] = {n.id: [] for n in self.nodes}
-            for n in self.nodes:
-                for src, _ in n.inputs:
-                    if not cons[src] or cons[src][-1] != n.id:
-                        cons[src].append(n.id)
-            self._consumers = cons
-        return self._consumers
+        cons: dict[int, list[int]] = {n.id: [] for n in self.nodes}
+        for n in self.nodes:
+            for src, _ in n.inputs:
+                if not cons[src] or cons[src][-1] != n.id:
+                    cons[src].append(n.id)
+        return cons
 
     def by_name(self) -> dict[str, Node]:
         return {n.name: n for n in self.nodes}
@@ -99,3 +114,27 @@ class Graph:
     def grad_args(self) -> list[Node]:
         """Arguments that get a gradient, in MXNet's list_arguments order."""
         return [n for n in self.nodes if n.kind == PARAM]
+
+
+def post_order(heads: Iterable, children: Callable) -> list:
+    """Iterative post-order DFS, visiting children in order (nnvm PostOrderDFSVisit)."""
+    order = []
+    visited = set()
+    for head in heads:
+        key = id(head) if not isinstance(head, int) else head
+        if key in visited:
+            continue
+        visited.add(key)
+        stack = [(head, iter(children(head)))]
+        while stack:
+            node, it = stack[-1]
+            for child in it:
+                ckey = id(child) if not isinstance(child, int) else child
+                if ckey not in visited:
+                    visited.add(ckey)
+                    stack.append((child, iter(children(child))))
+                    break
+            else:
+                order.append(node)
+                stack.pop()
+    return order

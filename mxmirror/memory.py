@@ -16,7 +16,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from . import ops
-from .schedule import TrainingGraph
+from .training_graph import TrainingGraph
 
 STRATEGIES = ("none", "inplace", "sharing")
 BAD, EXTERNAL = -1, -2

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+from math import prod
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,9 @@ from .errors import PlanError
 from .graph import AUX, INPUT, OP, PARAM, Graph, Node
 
 _store: learn.TemplateStore | None = None
+# Symbol.simple_bind / Symbol.bind as MXNet defines them, saved by the bind hook before it
+# wraps them: mxmirror's own binds (sub-executors, fallbacks) must not be planned again
+UNHOOKED: dict[str, Any] = {}
 
 
 def _mx():
@@ -28,6 +32,11 @@ def _mx():
     except ImportError as exc:  # pragma: no cover - install problem
         raise PlanError("MXNet is not installed: pip install 'mxmirror[cpu]'") from exc
     return mx
+
+
+def unhooked(name: str) -> Any:
+    """MXNet's own ``Symbol.<name>`` (simple_bind or bind), whether or not the hook is on."""
+    return UNHOOKED.get(name) or getattr(_mx().sym.Symbol, name)
 
 
 def store() -> learn.TemplateStore:
@@ -274,6 +283,17 @@ def attach_templates(graph: Graph, aux_names: set[str]) -> None:
             else:
                 n.shapes.append(tuple(ref[1]))
             n.dtypes.append(n.dtypes[0] if n.dtypes else "float32")
+        n.backward_sizes = [[_ref_size(s, in_shapes, n.shapes) for s in tn.out_shapes]
+                            for tn in tpl.nodes]
+
+
+def _ref_size(ref: tuple, in_shapes: list[tuple], out_shapes: list[tuple]) -> int:
+    """Elements of a template shape reference: like input j, like output k, or literal."""
+    if ref[0] == "in":
+        return prod(in_shapes[ref[1]])
+    if ref[0] == "out":
+        return prod(out_shapes[ref[1]])
+    return prod(ref[1])
 
 
 # ------------------------------------------------------------ MXNet's own figure

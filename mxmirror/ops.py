@@ -14,10 +14,6 @@ from functools import cache
 from math import prod
 
 # ---------------------------------------------------------------- cost classes
-EXPENSIVE = {
-    "Convolution", "Deconvolution", "FullyConnected", "dot", "batch_dot", "RNN",
-    "Embedding", "_contrib_DeformableConvolution", "linalg_gemm", "linalg_gemm2",
-}
 CHEAP = {
     "BatchNorm", "Activation", "LeakyReLU", "relu", "sigmoid", "tanh", "softsign",
     "elemwise_add", "elemwise_sub", "elemwise_mul", "elemwise_div", "_Plus", "_plus",
@@ -55,10 +51,6 @@ def is_random(op: str) -> bool:
 
 def is_cheap(op: str) -> bool:
     return op in CHEAP
-
-
-def is_expensive(op: str) -> bool:
-    return op in EXPENSIVE or op not in CHEAP
 
 
 # ------------------------------------------------------------ memory planner facts

@@ -26,8 +26,8 @@ class Plan:
     skipped: dict[str, str] = field(default_factory=dict)  # node -> why it was not mirrored
     source_json: str | None = None  # the symbol as given, for Plan.symbol
     notes: list[str] = field(default_factory=list)
-    # segmented plans (several recomputations per node): a segmented.SegmentPlan, run by
-    # mxmirror.simple_bind through segmented.SegmentedExecutor; None for attribute plans
+    # segmented plans (several recomputations per node): a segments.SegmentPlan, run by
+    # mxmirror.simple_bind through executor.SegmentedExecutor; None for attribute plans
     segmented: Any = None
 
     @property

@@ -83,17 +83,3 @@ def _shape_ref_json(s: Ref) -> list:
 
 def _shape_ref_from_json(s: list) -> Ref:
     return ("lit", tuple(s[1])) if s[0] == "lit" else tuple(s)
-
-
-def generic_template(op: str, num_inputs: int, num_outputs: int = 1,
-                     uses_inputs: bool = True, uses_outputs: bool = False) -> Template:
-    """A one-node backward (``_backward_<op>``) for synthetic graphs in tests."""
-    inputs: list[Ref] = [("ograd", k) for k in range(num_outputs)]
-    if uses_inputs:
-        inputs += [("in", j) for j in range(num_inputs)]
-    if uses_outputs:
-        inputs += [("out", k) for k in range(num_outputs)]
-    node = TemplateNode(op="_backward_" + op, inputs=inputs,
-                        out_shapes=[("in", j) for j in range(num_inputs)])
-    return Template(op=op, num_outputs=num_outputs, num_visible=num_outputs, nodes=[node],
-                    input_grads=[("node", 0, j) for j in range(num_inputs)])

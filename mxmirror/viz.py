@@ -29,13 +29,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import memory, schedule
+from . import memory, training_graph
 from .errors import PlanError
 from .plan import Plan
 from .planners.common import node_bytes, op_order
 
 ROLES = ("checkpoint", "recomputed", "kept")
-COLORS = {"checkpoint": "#2e7d32", "recomputed": "#fb8c00", "kept": "#bdbdbd"}
 STYLE = {
     "checkpoint": {"style": "filled,bold", "fillcolor": "#2e7d32", "fontcolor": "white",
                    "color": "#1b5e20", "penwidth": "2.5"},
@@ -424,7 +423,7 @@ class Timeline:
 
 def timeline(graph, mirror_ids: set[int]) -> Timeline:
     """Simulate `sharing` for a mirror set and keep the live-bytes curve."""
-    tg = schedule.build(graph, set(mirror_ids))
+    tg = training_graph.build(graph, set(mirror_ids))
     sim = memory.simulate(tg, "sharing", timeline=True)
     live, bwd, rec = [], None, []
     for t, b in zip(tg.nodes, sim.timeline):

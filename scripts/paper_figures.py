@@ -58,7 +58,7 @@ import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from mxmirror import api, memory, schedule  # noqa: E402
+from mxmirror import api, memory, training_graph  # noqa: E402
 from mxmirror import mxnet_adapter as A  # noqa: E402
 from symbols.lstm import input_shapes, paper_lstm  # noqa: E402
 from symbols.resnet import resnet, resnet_by_depth, units_for_depth  # noqa: E402
@@ -109,7 +109,7 @@ def memory_row(sym: mx.sym.Symbol, shapes: dict, with_optimal: bool, label: dict
     graph, source = api.prepare(sym, **shapes)
     row = dict(label)
     row["nodes"] = len(graph.op_nodes)
-    tg = schedule.build(graph, set())
+    tg = training_graph.build(graph, set())
     for s in STRATEGIES:
         row[s] = memory.simulate(tg, s).total_bytes / MB
     sqrt_symbol = None

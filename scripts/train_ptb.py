@@ -53,7 +53,7 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import mxmirror  # noqa: E402
-from mxmirror import memory, schedule  # noqa: E402
+from mxmirror import memory, training_graph  # noqa: E402
 from mxmirror.plan import annotate_json  # noqa: E402
 from mxmirror.planners import POLICIES  # noqa: E402
 from symbols.lstm import ptb_lm  # noqa: E402
@@ -168,7 +168,7 @@ def plan_symbol(sym: mx.sym.Symbol, policy: str, budget, shape: tuple) -> Planne
     ids = {i for i in p.mirror_ids if ops.get(i) not in KEEP_OPS}
     planned = p.planned_bytes
     if ids != p.mirror_ids:
-        planned = memory.simulate(schedule.build(p.graph, ids), "sharing").total_bytes
+        planned = memory.simulate(training_graph.build(p.graph, ids), "sharing").total_bytes
     return Planned(p.policy, mx.sym.load_json(annotate_json(p.source_json, ids)), ids,
                    planned / 2**20, p.baseline_mb)
 

@@ -2,7 +2,7 @@
 
 Every case is bound (never run) by MXNet in child processes, the figure read
 from ``Executor.debug_str()``, and compared with ``memory.simulate`` on the
-training graph ``schedule.build`` makes for the same mirror set.  MXNet prints
+training graph ``training_graph.build`` makes for the same mirror set.  MXNet prints
 whole MB (floored), so the check is ``|sim - mxnet| <= max(1, 5 %)``; the exact
 difference is printed (``pytest -s``) — so far it has always been the fraction
 MXNet floors away, i.e. ``0 <= sim - mxnet < 1``.
@@ -10,7 +10,7 @@ MXNet floors away, i.e. ``0 <= sim - mxnet < 1``.
 Mirror variants per graph: ``none``; ``every_other`` (every other residual
 unit / time step / layer, or every other eighth of the op nodes for graphs
 without such blocks); ``do_mirror`` (MXNet bound with
-``MXNET_BACKWARD_DO_MIRROR=1`` against ``schedule.do_mirror_set``); ``all_ops``
+``MXNET_BACKWARD_DO_MIRROR=1`` against ``training_graph.do_mirror_set``); ``all_ops``
 (``__force_mirroring__`` on every op node).  Strategy ``sharing`` is MXNet's
 default; ``inplace`` is compared with ``NNVM_EXEC_MATCH_RANGE=0``.
 
@@ -37,7 +37,7 @@ from pathlib import Path
 import mxnet as mx
 import pytest
 
-from mxmirror import memory, schedule
+from mxmirror import memory, training_graph
 from mxmirror import mxnet_adapter as A
 from mxmirror.plan import annotate_json
 from symbols.lstm import input_shapes, paper_lstm
@@ -400,9 +400,9 @@ class Figures:
                 g = A.load_graph(sym, shapes)
                 for key in mine:
                     variant, strategy = key[1], key[2]
-                    ids = (schedule.do_mirror_set(g) if variant == "do_mirror"
+                    ids = (training_graph.do_mirror_set(g) if variant == "do_mirror"
                            else mirror_ids(js, CASES[name], variant))
-                    sims[key] = memory.simulate(schedule.build(g, ids), strategy).mb
+                    sims[key] = memory.simulate(training_graph.build(g, ids), strategy).mb
             except Exception as exc:
                 sims.update({k: f"simulating: {exc!r}" for k in mine if k not in sims})
         try:
@@ -479,7 +479,7 @@ def resnet1001():
 def test_resnet1001_build_and_simulate_under_two_seconds(resnet1001) -> None:
     _, _, g = resnet1001
     start = time.perf_counter()
-    res = memory.simulate(schedule.build(g, set()), "sharing")
+    res = memory.simulate(training_graph.build(g, set()), "sharing")
     elapsed = time.perf_counter() - start
     print(f"\nResNet-1001 batch 32: build+simulate {elapsed:.3f} s, {res.mb:.1f} MB")
     assert elapsed < 2.0
@@ -488,7 +488,7 @@ def test_resnet1001_build_and_simulate_under_two_seconds(resnet1001) -> None:
 @pytest.mark.slow
 def test_resnet1001_matches_mxnet_bind(resnet1001) -> None:
     sym, shapes, g = resnet1001
-    sim_mb = memory.simulate(schedule.build(g, set()), "sharing").mb
+    sim_mb = memory.simulate(training_graph.build(g, set()), "sharing").mb
     mxnet_mb = A.mxnet_mb(sym, shapes)
     print(f"\nResNet-1001 MXNet bind: {mxnet_mb} MB (recorded {RESNET1001_MXNET_MB} MB)")
     _check("resnet1001 none sharing", sim_mb, mxnet_mb)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import mxmirror
-from mxmirror import ops, schedule
+from mxmirror import ops, training_graph
 from mxmirror.api import prepare
 from mxmirror.mxnet_adapter import mxnet_mb
 from mxmirror.plan import Plan
@@ -39,7 +39,7 @@ def test_ops_that_must_write_are_mirrored_only_when_read(policy: str) -> None:
     """An unread copy is asked to write nothing; Embedding (and others off MKLDNN) refuse."""
     sym, shapes = _embedding_lm()
     p = mxmirror.plan(sym, policy=policy, **shapes)
-    tg = schedule.build(p.graph, p.mirror_ids)
+    tg = training_graph.build(p.graph, p.mirror_ids)
     read = {id(src) for t in tg.nodes for src, _ in t.inputs}
     unread = [t.name for t in tg.nodes if t.role == "mirror" and id(t) not in read
               and p.graph.nodes[t.fwd].op in ops.MUST_WRITE]
@@ -59,7 +59,7 @@ def test_unread_copies_of_cheap_ops_are_kept_when_they_save_memory() -> None:
     graph, _ = prepare(lstm.paper_lstm(12, num_hidden=256, num_embed=256),
                        **lstm.input_shapes(12, 32, num_hidden=256))
     p = make_plan(graph, "cheap")
-    tg = schedule.build(graph, p.mirror_ids)
+    tg = training_graph.build(graph, p.mirror_ids)
     read = {id(src) for t in tg.nodes for src, _ in t.inputs}
     unread = {t.fwd for t in tg.nodes if t.role == "mirror" and id(t) not in read}
     assert unread, "the cheap LSTM plan has no unread copies: this test checks nothing"

@@ -27,8 +27,8 @@ import mxmirror
 from mxmirror.api import prepare
 from mxmirror.errors import PlanError
 from mxmirror.planners import make_plan, multilevel
-from mxmirror.segmented import (
-    SegmentedExecutor,
+from mxmirror.executor import SegmentedExecutor
+from mxmirror.segments import (
     binary_tree,
     dry_run,
     make_segment_plan,

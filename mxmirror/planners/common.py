@@ -6,7 +6,7 @@ import contextlib
 import gc
 from dataclasses import dataclass
 
-from .. import memory, ops, schedule
+from .. import memory, ops, training_graph
 from ..graph import Graph, Node
 
 
@@ -21,7 +21,7 @@ class Cut:
 
 
 def op_order(graph: Graph) -> list[Node]:
-    return [n for n in schedule.forward_order(graph) if not n.is_variable]
+    return graph.op_order
 
 
 def mirror_blockers(graph: Graph) -> dict[int, str]:
@@ -40,7 +40,7 @@ def mirror_blockers(graph: Graph) -> dict[int, str]:
 
 def node_bytes(n: Node) -> int:
     """Bytes as MXNet's planner counts them (4 per element, every output)."""
-    return sum(schedule.element_counts(n)) * memory.ELEMENT_BYTES
+    return sum(n.element_counts) * memory.ELEMENT_BYTES
 
 
 def find_cuts(graph: Graph) -> list[Cut]:
@@ -107,7 +107,7 @@ def kept_bytes(graph: Graph, keep: frozenset[int]) -> int:
         for j in backward_reads(n):
             if j < len(n.inputs) and not graph.nodes[n.inputs[j][0]].is_variable:
                 held.add(n.inputs[j])
-    return sum(schedule.element_counts(graph.nodes[k])[i] for k, i in held) \
+    return sum(graph.nodes[k].element_counts[i] for k, i in held) \
         * memory.ELEMENT_BYTES
 
 
@@ -146,7 +146,7 @@ def score(graph: Graph, mirror: set[int]) -> Score:
     """
     with _gc_paused():
         mirror = drop_unread(graph, mirror)
-        tg = schedule.build(graph, mirror)
+        tg = training_graph.build(graph, mirror)
         planned = memory.simulate(tg).total_bytes
     total = graph.forward_flops or 1.0
     extra = sum(graph.nodes[t.fwd].flops for t in tg.nodes if t.role == "mirror")
@@ -181,7 +181,7 @@ def drop_unread(graph: Graph, mirror: set[int]) -> set[int]:
     """
     kept = set(mirror)
     present: set[int] = set()
-    consumers = graph.consumers()
+    consumers = graph.consumers
     for v in reversed(op_order(graph)):
         if v.id not in kept:
             continue

@@ -9,7 +9,7 @@ otherwise choose mid: run forward s+1..mid keeping only the state at mid
 (b_mid bytes), solve (mid, e) with M - b_mid, drop it, solve (s, mid) with M.
 The fixed costs (the executors' shared pool, staging slots, Dropout masks,
 boundary gradients) are added outside the DP; the chosen schedule is then
-walked by ``segmented.dry_run`` and its exact peak checked against the budget.
+walked by ``segments.dry_run`` and its exact peak checked against the budget.
 Memory is discretised into K levels (boundary sizes rounded up), so the
 result is optimal for the chain model up to that rounding.
 """
@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import PlanError
 from ..graph import Graph
 from ..plan import Plan
-from ..segmented import SegmentPlan, Segments, Tree, build_segments, make_segment_plan
+from ..segments import SegmentPlan, Segments, Tree, build_segments, make_segment_plan
 from .common import find_cuts, score
 
 LEVELS = 64
@@ -204,17 +204,3 @@ def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
         raise PlanError("policy 'multilevel' needs a budget, e.g. --budget 800MB")
     sp = plan_for_budget(graph, budget_bytes)
     return segmented_plan("multilevel", graph, sp)
-
-
-def fine_cuts(graph: Graph) -> list[int]:
-    """Every position where the bytes crossing the forward graph are a local minimum
-    (window 1; the last of a plateau): inside residual units too, so that no segment
-    holds a whole unit and the shared pool (the largest segment) stays small."""
-    from ..segmented import crossing_bytes
-
-    b = crossing_bytes(graph)
-    out = []
-    for i in range(len(b) - 1):
-        if b[i] and (i == 0 or b[i] <= b[i - 1]) and b[i] < b[i + 1]:
-            out.append(i)
-    return out

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from .. import memory, schedule
+from .. import memory, training_graph
 from ..graph import Graph
 from ..ops import LOSSES
 from ..plan import Plan
@@ -218,7 +218,7 @@ PEAK_STEPS = 60
 def _peak_position(graph: Graph, mirror: set[int], pos: dict[int, int]) -> int | None:
     """Forward position of the last node recomputed before the simulated peak of live bytes:
     the segment whose recomputation sets the peak."""
-    tg = schedule.build(graph, mirror)
+    tg = training_graph.build(graph, mirror)
     line = memory.simulate(tg, timeline=True).timeline
     p = max(range(len(line)), key=line.__getitem__)
     for t in reversed(tg.nodes[:p + 1]):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..graph import Graph
 from ..plan import Plan
-from ..segmented import binary_tree
+from ..segments import binary_tree
 from .multilevel import chain, segmented_plan
 
 

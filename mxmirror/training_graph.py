@@ -11,9 +11,6 @@ memory planner and executor use.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from math import prod
-
 from .errors import PlanError
 from .graph import PARAM, Graph, Node
 
@@ -59,61 +56,16 @@ class TrainingGraph:
         return e[0].eid + e[1]
 
 
-def element_counts(node: Node) -> list[int]:
-    """Elements of each output, cached on the node (read for every training graph built)."""
-    sizes = node.__dict__.get("_sizes")
-    if sizes is None:
-        sizes = node.__dict__["_sizes"] = [prod(s) for s in node.shapes]
-    return sizes
-
-
-def forward_order(graph: Graph) -> list[Node]:
-    """DFS post-order from the heads (MXNet's DFSVisit); equals JSON order for saved symbols.
-
-    Cached on the graph: planners build hundreds of training graphs from one forward graph.
-    """
-    cached = getattr(graph, "_forward_order", None)
-    if cached is None:
-        cached = [graph.nodes[i] for i in post_order(
-            [h[0] for h in graph.heads], lambda i: [src for src, _ in graph.nodes[i].inputs])]
-        graph._forward_order = cached
-    return cached
-
-
-def post_order(heads: Iterable, children) -> list:
-    """Iterative post-order DFS, visiting children in order (nnvm PostOrderDFSVisit)."""
-    order = []
-    visited = set()
-    for head in heads:
-        key = id(head) if not isinstance(head, int) else head
-        if key in visited:
-            continue
-        visited.add(key)
-        stack = [(head, iter(children(head)))]
-        while stack:
-            node, it = stack[-1]
-            for child in it:
-                ckey = id(child) if not isinstance(child, int) else child
-                if ckey not in visited:
-                    visited.add(ckey)
-                    stack.append((child, iter(children(child))))
-                    break
-            else:
-                order.append(node)
-                stack.pop()
-    return order
-
-
 def build(graph: Graph, mirror: set[int] | None = None) -> TrainingGraph:
     """Build the forward + backward (+ mirror) training graph for a mirror set (node ids)."""
     mirror = mirror_from_attrs(graph) if mirror is None else mirror
-    topo = forward_order(graph)
+    topo = graph.forward_order
     fwd: dict[int, TNode] = {}
     for n in topo:
         if n.is_variable:
-            fwd[n.id] = TNode(None, n.name, [], element_counts(n), "var", n.id)
+            fwd[n.id] = TNode(None, n.name, [], n.element_counts, "var", n.id)
         else:
-            fwd[n.id] = TNode(n.op, n.name, [(fwd[s], k) for s, k in n.inputs], element_counts(n),
+            fwd[n.id] = TNode(n.op, n.name, [(fwd[s], k) for s, k in n.inputs], n.element_counts,
                               "fwd", n.id)
     outputs = [(fwd[h[0]], h[1]) for h in graph.heads]
     xs = [n for n in graph.nodes if n.kind == PARAM and n.id in fwd]
@@ -142,7 +94,7 @@ def build(graph: Graph, mirror: set[int] | None = None) -> TrainingGraph:
     for n in reversed(topo):
         if n.is_variable:
             continue
-        agg = [_aggregate(g, size, n) for g, size in zip(grads[n.id], element_counts(n))]
+        agg = [_aggregate(g, size, n) for g, size in zip(grads[n.id], n.element_counts)]
         if not n.inputs:
             continue
         tpl = n.template
@@ -161,7 +113,7 @@ def build(graph: Graph, mirror: set[int] | None = None) -> TrainingGraph:
                 return (fnode, r[1])
             return (made[r[1]], r[2])
 
-        sizes = _bwd_sizes(graph, n)
+        sizes = n.backward_sizes
         for t, tn in enumerate(tpl.nodes):
             name = n.name + ("_backward" if len(tpl.nodes) == 1 else f"_backward{t}")
             b = TNode(tn.op, name, [ref(r) for r in tn.inputs], sizes[t], "bwd", n.id)
@@ -211,25 +163,6 @@ def post_order_nodes(outputs: list[tuple[TNode, int]]) -> list[TNode]:
                 order.append(node)
                 stack.pop()
     return order
-
-
-def _shape_size(ref: tuple, n: Node, graph: Graph) -> int:
-    if ref[0] == "in":
-        src, k = n.inputs[ref[1]]
-        return prod(graph.nodes[src].shapes[k])
-    if ref[0] == "out":
-        return prod(n.shapes[ref[1]])
-    return prod(ref[1])
-
-
-def _bwd_sizes(graph: Graph, n: Node) -> list[list[int]]:
-    """Output sizes of each backward template node of n, cached on the graph."""
-    cache = graph.__dict__.setdefault("_bwd_sizes", {})
-    sizes = cache.get(n.id)
-    if sizes is None:
-        sizes = [[_shape_size(s, n, graph) for s in tn.out_shapes] for tn in n.template.nodes]
-        cache[n.id] = sizes
-    return sizes
 
 
 def _aggregate(v: list, size: int, n: Node) -> tuple[TNode, int]:

@@ -1,0 +1,424 @@
+"""SegmentedExecutor: a segment plan run as a chain of MXNet executors on one memory pool.
+
+Each template of a ``segments.SegmentPlan`` is bound as an ordinary MXNet
+executor; all of them draw on one pool (``shared_exec``) owned by a small
+forward-only executor. The values, parameters, BatchNorm statistics and Dropout
+masks of a segment are copied into its template's slots before it runs, and
+gradients and updated statistics copied back out after its backward.
+
+Correctness:
+- BatchNorm: MXNet 1.9.1 updates running statistics in the backward pass, so
+  each segment's backward, which runs exactly once per step, updates them once.
+- Dropout: replaced in the sub-symbols by a multiplication with a mask input;
+  the masks are drawn once per training forward with MXNet's own Dropout
+  (on ones, in the graph's forward order), so every recomputation sees the
+  same mask, and with the same seed the masks are bit-identical to those of an
+  unplanned executor (tests/test_segmented.py).
+- Parameter gradients are accumulated across segments (shared weights of an
+  unrolled LSTM), honouring grad_req write/add/null.
+"""
+
+from __future__ import annotations
+
+import warnings
+from math import prod
+from typing import Any
+
+from . import mxnet_adapter
+from .errors import PlanError
+from .segments import Driver, Segment, SegmentPlan, pool_blocks, walk_backward, walk_forward
+
+
+class SegmentedExecutor(Driver):
+    """An executor with the ``mx.executor.Executor`` interface that runs a SegmentPlan."""
+
+    def __init__(self, symbol: Any, ctx: Any, plan: SegmentPlan, grad_req: Any = "write",
+                 args: dict | None = None, args_grad: dict | None = None,
+                 aux_states: dict | None = None, shared_exec: Any = None,
+                 shared_arg_names: list[str] | None = None,
+                 shared_buffer: dict | None = None) -> None:
+        import mxnet as mx
+
+        self._mx = mx
+        self._symbol = symbol
+        self.ctx = ctx
+        self.plan = plan
+        sg = self.sg = plan.segments
+        graph = sg.graph
+        self._arg_names = symbol.list_arguments()
+        self._aux_names = symbol.list_auxiliary_states()
+        self._out_names = symbol.list_outputs()
+        var = {n.name: n for n in graph.nodes if n.is_variable}
+        shared_arg_names = set(shared_arg_names or [])
+        sx = shared_exec
+        self.arg_dict, self.grad_dict, self.aux_dict = {}, {}, {}
+        self._req = {}
+        for name in self._arg_names:
+            nd = var[name]
+            shape, dtype = nd.shapes[0], nd.dtypes[0]
+            if args is not None and args.get(name) is not None:
+                arr = args[name]
+            elif sx is not None and name in shared_arg_names and name in sx.arg_dict:
+                arr = sx.arg_dict[name]
+            elif shared_buffer is not None and name in shared_buffer and \
+                    shared_buffer[name].size >= prod(shape):
+                arr = shared_buffer[name].reshape(shape) if shared_buffer[name].shape != \
+                    tuple(shape) else shared_buffer[name]
+            else:
+                arr = mx.nd.zeros(shape, ctx, dtype=dtype)
+                if shared_buffer is not None and name not in shared_arg_names:
+                    shared_buffer[name] = arr
+            self.arg_dict[name] = arr
+            req = nd.grad_req if nd.grad_req in ("write", "add", "null") else "write"
+            self._req[name] = req
+            if req == "null":
+                self.grad_dict[name] = None
+            elif args_grad is not None and args_grad.get(name) is not None:
+                self.grad_dict[name] = args_grad[name]
+            elif sx is not None and name in shared_arg_names and \
+                    sx.grad_dict.get(name) is not None:
+                self.grad_dict[name] = sx.grad_dict[name]
+            else:
+                self.grad_dict[name] = mx.nd.zeros(shape, ctx, dtype=dtype)
+        for name in self._aux_names:
+            nd = var[name]
+            if aux_states is not None and aux_states.get(name) is not None:
+                self.aux_dict[name] = aux_states[name]
+            elif sx is not None and name in getattr(sx, "aux_dict", {}):
+                self.aux_dict[name] = sx.aux_dict[name]
+            else:
+                self.aux_dict[name] = mx.nd.zeros(nd.shapes[0], ctx, dtype=nd.dtypes[0])
+        self.outputs = [mx.nd.zeros(graph.nodes[h[0]].shapes[h[1]], ctx,
+                                    dtype=graph.nodes[h[0]].dtypes[h[1]]) for h in graph.heads]
+        # one executor per template, the largest first, all on its memory pool
+        raw = mxnet_adapter.unhooked("simple_bind")
+        self._execs: dict[str, Any] = {}
+        owner = self._owner(raw)
+        by_key = {seg.key: seg for seg in sg.segments}
+        # slots of the same name share one array across templates (only one runs at a time
+        # and every slot is filled right before its executor runs)
+        self._slot_buffer = self._slot_arrays()
+        for key in plan.bind_order():
+            seg = by_key[key]
+            sym = mx.sym.load_json(seg.json)
+            ex = raw(sym, ctx, grad_req=sg.slot_req[key], type_dict=sg.slot_types[key],
+                     shared_exec=owner, shared_buffer=self._slot_buffer,
+                     **sg.slot_shapes[key])
+            owner = owner or ex
+            self._execs[key] = ex
+        self._ones: dict[tuple, Any] = {}
+        self._masks: dict[int, Any] = {}
+        self._stored: dict[int, dict] | None = None
+        self._live: int | None = None
+        self._head_grads: list | None = None
+        self._grads: dict = {}
+        self._held: dict[int, dict] = {}
+        self.peak_kept_bytes = 0  # measured: bytes of kept values and gradients at the peak
+        self.forward_flops_run = 0.0  # measured: FLOPs of every segment forward executed
+
+    def _slot_arrays(self) -> dict:
+        """One array per slot name, as large as its largest use: every template binds a view
+        of it (shared_buffer), so none re-allocates (and MXNet logs nothing)."""
+        mx = self._mx
+        need: dict[str, tuple[int, str]] = {}
+        for seg in self.sg.segments:
+            shapes, types = self.sg.slot_shapes[seg.key], self.sg.slot_types[seg.key]
+            req = self.sg.slot_req[seg.key]
+            for name, key in seg.slots:
+                if key[0] == "aux":
+                    continue
+                names = [name] + (["grad of " + name] if req.get(name) != "null" else [])
+                for n in names:
+                    size, dtype = prod(shapes[name]), types[name]
+                    old = need.get(n)
+                    if old is not None and old[1] != dtype:
+                        need[n] = (0, "")  # mixed dtypes: let MXNet allocate
+                    elif old is None or (old[1] and size > old[0]):
+                        need[n] = (size, dtype)
+        return {n: mx.nd.zeros((size,), self.ctx, dtype=dtype)
+                for n, (size, dtype) in need.items() if size}
+
+    def _owner(self, raw: Any) -> Any:
+        """The executor that owns the shared pool: forward-only, its outputs are the pool's
+        blocks (segments.pool_blocks), and it holds every template's aux slots (with
+        shared_exec MXNet takes every auxiliary state from the owner, by name)."""
+        mx = self._mx
+        aux: dict[str, tuple] = {}
+        by_name = self.sg.graph.by_name()
+        for seg in self.sg.segments:
+            for name, key in seg.slots:
+                if key[0] == "aux":
+                    nd = by_name[key[1]]
+                    aux[name] = (tuple(nd.shapes[0]), nd.dtypes[0])
+        outs, shapes, types = [], {}, {}
+        for i, b in enumerate(pool_blocks(self.plan.template_blocks)):
+            if b:
+                outs.append(mx.sym.zeros(shape=(b // 4,), dtype="float32", name=f"_pool{i}"))
+        groups: dict[tuple, list[str]] = {}
+        for name, sd in aux.items():
+            if len(sd[0]) != 1:
+                raise PlanError(f"auxiliary state of shape {sd[0]}: the segmented executor "
+                                f"only shares 1-D (BatchNorm) auxiliary states")
+            groups.setdefault(sd, []).append(name)
+        for j, ((shape, dtype), names) in enumerate(groups.items()):
+            if len(names) % 2:
+                names = names + [f"_pad{j}"]
+            for i in range(0, len(names), 2):
+                data = f"_d{j}_{i}"
+                shapes[data] = (1, shape[0])
+                types[data] = dtype
+                outs.append(mx.sym.BatchNorm(
+                    mx.sym.Variable(data), mx.sym.Variable(f"{data}_g"),
+                    mx.sym.Variable(f"{data}_b"), mx.sym.Variable(names[i]),
+                    mx.sym.Variable(names[i + 1]), name=f"{data}_bn"))
+        if not outs:
+            return None
+        sym = mx.sym.Group(outs)
+        types.update({n: sd[1] for n, sd in aux.items()})
+        return raw(sym, self.ctx, grad_req="null", type_dict=types, **shapes)
+
+    # -------------------------------------------------------------- interface
+    @property
+    def arg_arrays(self) -> list:
+        return [self.arg_dict[n] for n in self._arg_names]
+
+    @property
+    def grad_arrays(self) -> list:
+        return [self.grad_dict[n] for n in self._arg_names]
+
+    @property
+    def aux_arrays(self) -> list:
+        return [self.aux_dict[n] for n in self._aux_names]
+
+    @property
+    def output_dict(self) -> dict:
+        return dict(zip(self._out_names, self.outputs))
+
+    def forward(self, is_train: bool = False, **kwargs: Any) -> list:
+        for name, value in kwargs.items():
+            if name not in self.arg_dict:
+                raise ValueError(f"unknown argument {name!r}")
+            _assign(self.arg_dict[name], value)
+        self._draw_masks(is_train)
+        self._stored = None
+        self._grads = {}
+        self._held = {}
+        if is_train:
+            self._stored = walk_forward(self, self.plan.tree, self.sg.m)
+        else:
+            state: dict = {}
+            for i in range(1, self.sg.m + 1):
+                state = self._run_forward(i, state, True, False)
+            self._live = None
+        return self.outputs
+
+    def backward(self, out_grads: Any = None, is_train: bool = True) -> None:
+        mx = self._mx
+        if self._stored is None:
+            raise PlanError("backward() needs a forward(is_train=True) first (the segmented "
+                            "executor keeps only the states of one training forward)")
+        if out_grads is None:
+            out_grads = []
+        elif isinstance(out_grads, mx.nd.NDArray):
+            out_grads = [out_grads]
+        elif isinstance(out_grads, dict):
+            out_grads = [out_grads.get(n) for n in self._out_names]
+        self._head_grads = list(out_grads) + [None] * (len(self.outputs) - len(out_grads))
+        for name, req in self._req.items():
+            if req == "write":
+                self.grad_dict[name][:] = 0
+        stored, self._stored = self._stored, None
+        self._grads = {}
+        walk_backward(self, self.plan.tree, self.sg.m, stored)
+        self._grads = {}
+        self._held = {}
+        self._head_grads = None
+
+    def copy_params_from(self, arg_params: dict, aux_params: dict | None = None,
+                         allow_extra_params: bool = False) -> None:
+        for name, array in arg_params.items():
+            if name in self.arg_dict:
+                _assign(self.arg_dict[name], array)
+            elif not allow_extra_params:
+                raise ValueError(f"Find name \"{name}\" that is not in the arguments")
+        for name, array in (aux_params or {}).items():
+            if name in self.aux_dict:
+                _assign(self.aux_dict[name], array)
+            elif not allow_extra_params:
+                raise ValueError(f"Find name \"{name}\" that is not in the auxiliary states")
+
+    def set_monitor_callback(self, callback: Any, monitor_all: bool = False) -> None:
+        warnings.warn("mxmirror: the segmented executor does not support monitor callbacks; "
+                      "ignored", stacklevel=2)
+
+    def reshape(self, partial_shaping: bool = False, allow_up_sizing: bool = False,
+                **kwargs: Any):
+        raise PlanError("the segmented executor cannot reshape: bind again with the new "
+                        "shapes (mxmirror.simple_bind plans them afresh)")
+
+    def debug_str(self) -> str:
+        import re
+
+        parts, total = [], 0
+        for ex in self._execs.values():
+            text = ex.debug_str()
+            m = re.search(r"Total (\d+) MB allocated", text)
+            total += int(m.group(1)) if m else 0
+            parts.append(text)
+        head = (f"mxmirror segmented executor: {self.sg.m} segments, {len(self._execs)} "
+                f"executors sharing one pool\nTotal {total} MB allocated (sum over the "
+                f"executors)\n")
+        return head + "\n".join(parts)
+
+    @property
+    def executors(self) -> dict:
+        """The template executors (key -> MXNet executor), largest first."""
+        return dict(self._execs)
+
+    # -------------------------------------------------------------- running
+    def _draw_masks(self, is_train: bool) -> None:
+        mx = self._mx
+        self._masks = {}
+        graph = self.sg.graph
+        for d in self.sg.dropouts:
+            nd = graph.nodes[d]
+            src, k = nd.inputs[0]
+            shape = tuple(graph.nodes[src].shapes[k])
+            dtype = graph.nodes[src].dtypes[k]
+            ones = self._ones.get((shape, dtype))
+            if ones is None:
+                ones = self._ones[(shape, dtype)] = mx.nd.ones(shape, self.ctx, dtype=dtype)
+            mode = nd.attrs.get("mode", "training")
+            p = float(nd.attrs.get("p", "0.5"))
+            if (not is_train and mode != "always") or p == 0.0:
+                self._masks[d] = ones
+                continue
+            kw = {"p": p, "mode": "always"}
+            if nd.attrs.get("axes") not in (None, "()", "[]"):
+                kw["axes"] = nd.attrs["axes"]
+            self._masks[d] = mx.nd.Dropout(ones, **kw)
+
+    def _load(self, ex: Any, seg: Segment, state: dict) -> None:
+        for name, key in seg.slots:
+            kind = key[0]
+            if kind == "state":
+                state[key[1]].copyto(ex.arg_dict[name])
+            elif kind == "arg":
+                self.arg_dict[key[1]].copyto(ex.arg_dict[name])
+            elif kind == "aux":
+                self.aux_dict[key[1]].copyto(ex.aux_dict[name])
+            elif kind == "mask":
+                self._masks[key[1]].copyto(ex.arg_dict[name])
+
+    def _run_forward(self, i: int, state: dict, first: bool, is_train: bool) -> dict:
+        seg = self.sg.segments[i - 1]
+        ex = self._execs[seg.key]
+        self._load(ex, seg, state)
+        ex.forward(is_train=is_train)
+        self.forward_flops_run += seg.flops
+        new = {e: v for e, v in state.items() if e in self.sg.crossing[i]}
+        for j, e in enumerate(seg.outputs):
+            new[e] = ex.outputs[j].copy()
+        if first:
+            base = len(seg.outputs)
+            for j, h in enumerate(seg.heads):
+                ex.outputs[base + j].copyto(self.outputs[h])
+        self._note(state, new)
+        self._live = i if is_train else None
+        return new
+
+    def fwd(self, i: int, state: dict, first: bool) -> dict:
+        return self._run_forward(i, state, first, True)
+
+    def hold(self, state: dict) -> None:
+        self._held[id(state)] = state
+
+    def release(self, state: dict) -> None:
+        self._held.pop(id(state), None)
+
+    def fb(self, i: int, state: dict) -> None:
+        seg = self.sg.segments[i - 1]
+        ex = self._execs[seg.key]
+        if self._live != i:
+            self._load(ex, seg, state)
+            ex.forward(is_train=True)
+            self.forward_flops_run += seg.flops
+        self._live = None
+        for name, key in seg.slots:
+            if key[0] in ("ograd", "hgrad"):
+                g = self._grads.get(key[1]) if key[0] == "ograd" else self._head_grads[key[1]]
+                if g is None:
+                    ex.arg_dict[name][:] = 0
+                else:
+                    g.copyto(ex.arg_dict[name])
+        ex.backward()
+        if any(key[0] == "aux" for _, key in seg.slots):
+            # MXNet 1.9.1's BatchNorm backward updates the running statistics without
+            # declaring them to the engine: wait, or the copy below races with the update
+            self._mx.nd.waitall()
+        for name, key in seg.slots:
+            kind = key[0]
+            if kind == "state":
+                g = ex.grad_dict[name]
+                if key[1] in self._grads:
+                    self._grads[key[1]] += g
+                else:
+                    self._grads[key[1]] = g.copy()
+            elif kind == "arg" and self._req[key[1]] != "null":
+                self.grad_dict[key[1]] += ex.grad_dict[name]
+            elif kind == "aux":
+                ex.aux_dict[name].copyto(self.aux_dict[key[1]])
+        self._note(state)
+        for e in seg.outputs:
+            self._grads.pop(e, None)
+
+    def _note(self, *extra: dict) -> None:
+        """Measured bytes of the kept values and boundary gradients (real NDArrays)."""
+        alive: dict = {}
+        for d in list(self._held.values()) + list(extra):
+            for v in d.values():
+                alive[id(v)] = v
+        total = sum(_nbytes(v) for v in alive.values())
+        total += sum(_nbytes(v) for v in self._grads.values())
+        self.peak_kept_bytes = max(self.peak_kept_bytes, total)
+
+
+def _nbytes(a: Any) -> int:
+    import numpy as np
+
+    return a.size * np.dtype(a.dtype).itemsize
+
+
+def _assign(dst: Any, value: Any) -> None:
+    import mxnet as mx
+
+    if isinstance(value, mx.nd.NDArray):
+        value.copyto(dst)
+    else:
+        dst[:] = value
+
+
+class SegmentedBinding:
+    """A segmented plan waiting for its bind (what bind.py routes to SegmentedExecutor)."""
+
+    def __init__(self, plan: Any) -> None:
+        self.plan = plan
+
+    def bind(self, symbol: Any, ctx: Any, args: Any = None, args_grad: Any = None,
+             aux_states: Any = None, shared_exec: Any = None, shared_arg_names: Any = None,
+             shared_buffer: Any = None, **_ignored: Any) -> SegmentedExecutor:
+        names = symbol.list_arguments()
+        aux_names = symbol.list_auxiliary_states()
+
+        def as_dict(values, keys):
+            if values is None or isinstance(values, dict):
+                return values
+            return dict(zip(keys, values))
+
+        if shared_exec is not None and not isinstance(shared_exec, SegmentedExecutor):
+            shared_exec = shared_exec if hasattr(shared_exec, "arg_dict") else None
+        return SegmentedExecutor(symbol, ctx, self.plan.segmented, args=as_dict(args, names),
+                                 args_grad=as_dict(args_grad, names),
+                                 aux_states=as_dict(aux_states, aux_names),
+                                 shared_exec=shared_exec, shared_arg_names=shared_arg_names,
+                                 shared_buffer=shared_buffer)

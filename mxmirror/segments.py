@@ -1,0 +1,475 @@
+"""The segment model: a forward graph cut into a chain of segments, run several times.
+
+MXNet's attribute mirroring recomputes each node at most once. Plans that need
+more (the paper's recursive O(log n) plan, or any budget tighter than one extra
+forward) cut the forward graph at chosen cuts into segments; each segment is a
+sub-graph (inputs: the values crossing the cut before it and the original
+variables it reads; outputs: the values crossing the cut after it and the graph
+heads it computes). Segments with the same structure and shapes share one
+template (one executor at run time).
+
+Forward keeps only the values crossing the cuts the tree stores. Backward
+re-runs segments per a binary tree over the chain of cuts 0..m
+(``tree[(s, e)] = mid``): to backpropagate segments s+1..e from the state at
+cut s, run forward to ``mid`` keeping only that state, backpropagate (mid, e],
+drop it, then backpropagate (s, mid]. A leaf (s, s+1) runs the segment's
+forward then its backward. Binary midpoints give the paper's recursion
+(O(log n) stored states, O(n log n) recompute); ``planners.multilevel`` chooses
+the tree for a byte budget.
+
+This module is planning only: what a segmented plan keeps, recomputes and
+costs (``build_segments``, the walkers, ``dry_run``, ``make_segment_plan``).
+``executor.SegmentedExecutor`` runs it on MXNet.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from math import prod
+
+from . import memory, ops, training_graph
+from .errors import PlanError
+from .graph import AUX, Entry, Graph
+
+Tree = dict[tuple[int, int], int]
+_STRIP = {"__force_mirroring__", "__mirror_stage__", "mirror_stage"}
+_PREFIX = {"state": "_s", "arg": "_a", "aux": "_x", "mask": "_m", "ograd": "_g", "hgrad": "_h"}
+
+
+# ----------------------------------------------------------------- segments
+@dataclass
+class Segment:
+    """One piece of the forward graph between two consecutive cuts."""
+
+    index: int  # 1-based: segment i runs from cut i-1 to cut i
+    nodes: list[int]  # op node ids in forward order
+    inputs: list[Entry]  # values produced by earlier segments that this one reads
+    outputs: list[Entry]  # values produced here and read by later segments
+    heads: list[int]  # indices into graph.heads computed here
+    slots: list[tuple[str, tuple]]  # (variable name in the sub-symbol, source)
+    json: str  # the sub-symbol, canonical names (equal for equal structure)
+    key: str  # template key: json + slot shapes, dtypes, grad_req
+    flops: float = 0.0
+
+
+@dataclass
+class Segments:
+    """The forward graph cut into a chain of segments."""
+
+    graph: Graph
+    cuts: list[int]  # positions in op order after which the graph is cut
+    segments: list[Segment]
+    crossing: list[frozenset]  # crossing[i]: entries alive at cut i (0: none)
+    dropouts: list[int]  # Dropout node ids in forward order
+    slot_shapes: dict[str, dict[str, tuple]] = field(default_factory=dict)  # key -> shapes
+    slot_types: dict[str, dict[str, str]] = field(default_factory=dict)
+    slot_req: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    @property
+    def m(self) -> int:
+        return len(self.segments)
+
+    def entry_bytes(self, e: Entry) -> int:
+        return self.graph.entry_bytes(e)
+
+    def state_bytes(self, i: int) -> int:
+        return sum(self.entry_bytes(e) for e in self.crossing[i])
+
+
+def build_segments(graph: Graph, cuts: list[int]) -> Segments:
+    """Cut the graph after the given op-order positions (pure Graph IR, no MXNet)."""
+    order = graph.op_order
+    n = len(order)
+    cuts = sorted({c for c in cuts if 0 <= c < n - 1})
+    pos = {nd.id: i for i, nd in enumerate(order)}
+    seg_of = {}
+    bounds = [-1] + cuts + [n - 1]
+    for s in range(len(bounds) - 1):
+        for p in range(bounds[s] + 1, bounds[s + 1] + 1):
+            seg_of[order[p].id] = s + 1
+    last_reader: dict[Entry, int] = {}
+    for nd in order:
+        for src, k in nd.inputs:
+            if not graph.nodes[src].is_variable:
+                last_reader[(src, k)] = max(last_reader.get((src, k), 0), seg_of[nd.id])
+    for nd in graph.nodes:
+        if not nd.is_variable and ops.is_random(nd.op) and nd.op != "Dropout":
+            raise PlanError(f"node {nd.name} ({nd.op}) draws random numbers: the segmented "
+                            f"executor can only replay Dropout; use policy 'sqrt' or 'budget'")
+        if not nd.is_variable and nd.op in ops.STATEFUL:
+            raise PlanError(f"node {nd.name} ({nd.op}) is stateful or control flow: the "
+                            f"segmented executor cannot replay it")
+    for h in graph.heads:
+        if graph.nodes[h[0]].is_variable:
+            raise PlanError(f"output {graph.nodes[h[0]].name} is a variable; the segmented "
+                            f"executor needs every output computed by an op")
+    m = len(bounds) - 1
+    crossing = [frozenset()]
+    for i in range(1, m + 1):
+        crossing.append(frozenset(e for e, r in last_reader.items()
+                                  if seg_of[e[0]] <= i < r))
+    segs = []
+    out = Segments(graph, cuts, segs, crossing,
+                   [nd.id for nd in order if nd.op == "Dropout"])
+    for i in range(1, m + 1):
+        ids = [order[p].id for p in range(bounds[i - 1] + 1, bounds[i] + 1)]
+        outputs = sorted((e for e in crossing[i] if seg_of[e[0]] == i), key=lambda e: (pos[e[0]],
+                                                                                       e[1]))
+        heads = [j for j, h in enumerate(graph.heads) if seg_of.get(h[0]) == i]
+        segs.append(_make_segment(out, i, ids, outputs, heads))
+    return out
+
+
+def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry],
+                  heads: list[int]) -> Segment:
+    graph = sg.graph
+    nodes: list[dict] = []
+    local: dict[int, int] = {}
+    var_of: dict[tuple, int] = {}
+    slots: list[tuple[str, tuple]] = []
+    shapes, types, req = {}, {}, {}
+    inputs: list[Entry] = []
+    ids_set = set(ids)
+
+    def var(key: tuple, shape: tuple, dtype: str, grad: str | None) -> int:
+        if key not in var_of:
+            # one counter per kind, so that slots of the same role get the same name in
+            # every template and share one array (shared_buffer)
+            prefix = _PREFIX[key[0]]
+            name = f"{prefix}{sum(1 for _, k in slots if k[0] == key[0])}"
+            if key[0] == "aux":  # shared_exec lends its aux arrays by name: name the shape
+                name += "_" + "x".join(map(str, shape)) + "_" + dtype
+            nodes.append({"op": "null", "name": name, "inputs": []})
+            var_of[key] = len(nodes) - 1
+            slots.append((name, key))
+            if key[0] != "aux":
+                shapes[name] = tuple(shape)
+                req[name] = grad
+            types[name] = dtype
+            if key[0] == "state":
+                inputs.append(key[1])
+        return var_of[key]
+
+    def ref(src: int, k: int) -> list[int]:
+        nd = graph.nodes[src]
+        if nd.is_variable:
+            kind = "aux" if nd.kind == AUX else "arg"
+            # a mutated input (aux state) is read at version 1, as MXNet writes it; at
+            # version 0 BatchNorm's update of its running statistics is lost
+            return [var((kind, nd.name), nd.shapes[0], nd.dtypes[0],
+                        "null" if nd.grad_req == "null" else "write"), 0,
+                    1 if kind == "aux" else 0]
+        if src in local:
+            return [local[src], k, 0]
+        return [var(("state", (src, k)), nd.shapes[k], nd.dtypes[k], "write"), 0, 0]
+
+    # boundary inputs first, largest first: slots of a role are then named by size in
+    # every template, and the arrays they share across templates stay small
+    ext = []
+    for nid in ids:
+        for src, k in graph.nodes[nid].inputs:
+            if not graph.nodes[src].is_variable and src not in ids_set and (src, k) not in ext:
+                ext.append((src, k))
+    for src, k in sorted(ext, key=lambda e: -graph.entry_bytes(e)):
+        ref(src, k)
+    flops = 0.0
+    for nid in ids:
+        nd = graph.nodes[nid]
+        flops += nd.flops
+        ins = [ref(s, k) for s, k in nd.inputs]
+        if nd.op == "Dropout":
+            src = graph.nodes[nd.inputs[0][0]]
+            shape = src.shapes[nd.inputs[0][1]]
+            mask = var(("mask", nid), shape, src.dtypes[nd.inputs[0][1]], "null")
+            nodes.append({"op": "elemwise_mul", "name": f"_o{len(nodes)}", "inputs":
+                          [ins[0], [mask, 0, 0]]})
+        else:
+            attrs = {k: v for k, v in nd.attrs.items() if k not in _STRIP}
+            node = {"op": nd.op, "name": f"_o{len(nodes)}", "inputs": ins}
+            if attrs:
+                node["attrs"] = attrs
+            nodes.append(node)
+        local[nid] = len(nodes) - 1
+    # Outputs: every boundary value under BlockGrad (in place, no head gradient), then the
+    # graph heads, then one MakeLoss(sum(value * gradient-input)) per value that needs a
+    # gradient from outside: its backward hands the gradient input to the value exactly
+    # (1 * g), and MXNet allocates no head-gradient array per executor for a loss.
+    def add(op: str, ins: list, attrs: dict | None = None) -> int:
+        nodes.append({"op": op, "name": f"_o{len(nodes)}", "inputs": ins,
+                      **({"attrs": attrs} if attrs else {})})
+        return len(nodes) - 1
+
+    head_refs, losses = [], []
+    outputs = sorted(outputs, key=lambda e: -graph.entry_bytes(e))
+    for e in outputs:
+        head_refs.append([add("BlockGrad", [[local[e[0]], e[1], 0]]), 0, 0])
+        g = var(("ograd", e), graph.nodes[e[0]].shapes[e[1]], graph.nodes[e[0]].dtypes[e[1]],
+                "null")
+        losses.append((e, g))
+    for j in heads:
+        s, k = graph.heads[j]
+        if graph.nodes[s].op in ops.LOSSES or graph.nodes[s].op in ("BlockGrad",
+                                                                    "stop_gradient"):
+            head_refs.append([local[s], k, 0])
+        else:
+            head_refs.append([add("BlockGrad", [[local[s], k, 0]]), 0, 0])
+            losses.append(((s, k), var(("hgrad", j), graph.nodes[s].shapes[k],
+                                       graph.nodes[s].dtypes[k], "null")))
+    for (s, k), g in losses:
+        # loss = sum(o * g): its backward gives o the gradient g exactly (1 * g_i), and
+        # the product is a temporary (not an output kept in the pool)
+        mul = add("elemwise_mul", [[local[s], k, 0], [g, 0, 0]])
+        total = add("sum", [[mul, 0, 0]])
+        head_refs.append([add("MakeLoss", [[total, 0, 0]]), 0, 0])
+    data = {"nodes": nodes, "arg_nodes": [i for i, nd in enumerate(nodes) if nd["op"] == "null"],
+            "heads": head_refs, "attrs": {"mxnet_version": ["int", 10901]}}
+    text = json.dumps(data, sort_keys=True)
+    key = json.dumps([text, sorted(shapes.items()), sorted(types.items()),
+                      sorted(req.items())])
+    sg.slot_shapes[key] = shapes
+    sg.slot_types[key] = types
+    sg.slot_req[key] = req
+    return Segment(index, ids, inputs, list(outputs), heads, slots, text, key, flops)
+
+
+# ----------------------------------------------------------------- schedules
+def binary_tree(m: int, lo: int = 0, hi: int | None = None) -> Tree:
+    """The paper's recursion with k = 1: split every range at its midpoint."""
+    hi = m if hi is None else hi
+    tree: Tree = {}
+    stack = [(lo, hi)]
+    while stack:
+        s, e = stack.pop()
+        if e - s < 2:
+            continue
+        mid = (s + e) // 2
+        tree[(s, e)] = mid
+        stack += [(s, mid), (mid, e)]
+    return tree
+
+
+def store_all_tree(m: int) -> Tree:
+    """Keep every cut (one recomputation per segment): the sqrt plan's shape."""
+    return {(s, m): s + 1 for s in range(m - 1)}
+
+
+def spine(tree: Tree, m: int) -> list[int]:
+    """Cuts stored by the first forward pass: 0 = s0 < s1 < ... < m-1."""
+    out, s = [0], 0
+    while m - s > 1:
+        s = tree[(s, m)]
+        out.append(s)
+    return out
+
+
+class Driver:
+    """What a schedule walk does per step; subclassed by the executor and the dry run."""
+
+    def fwd(self, i: int, state: dict, first: bool) -> dict:  # pragma: no cover
+        raise NotImplementedError
+
+    def fb(self, i: int, state: dict) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def hold(self, state: dict) -> None:
+        pass
+
+    def release(self, state: dict) -> None:
+        pass
+
+
+def walk_forward(drv: Driver, tree: Tree, m: int) -> dict[int, dict]:
+    """First (training) forward: run every segment, keep the states on the spine."""
+    keep = set(spine(tree, m))
+    stored = {0: {}}
+    drv.hold(stored[0])
+    state: dict = {}
+    for i in range(1, m + 1):
+        state = drv.fwd(i, state, True)
+        if i in keep:
+            stored[i] = state
+            drv.hold(state)
+    return stored
+
+
+def walk_backward(drv: Driver, tree: Tree, m: int, stored: dict[int, dict]) -> None:
+    """Backward per the tree, from the states the first forward stored."""
+    sp = spine(tree, m)
+    drv.fb(m, stored[sp[-1]])
+    for j in range(len(sp) - 2, -1, -1):
+        drv.release(stored.pop(sp[j + 1]))
+        _walk_range(drv, tree, sp[j], sp[j + 1], stored[sp[j]])
+    drv.release(stored.pop(0))
+
+
+def _walk_range(drv: Driver, tree: Tree, s: int, e: int, state_s: dict) -> None:
+    if e == s + 1:
+        drv.fb(e, state_s)
+        return
+    mid = tree[(s, e)]
+    st = state_s
+    for i in range(s + 1, mid + 1):
+        st = drv.fwd(i, st, False)
+    drv.hold(st)
+    _walk_range(drv, tree, mid, e, st)
+    drv.release(st)
+    del st
+    _walk_range(drv, tree, s, mid, state_s)
+
+
+@dataclass
+class DryRun:
+    """What a schedule costs: forward FLOPs run and the peak of kept values."""
+
+    forward_flops: float  # every segment forward run, the first pass included
+    peak_state_bytes: int  # kept boundary values, at the worst moment
+    peak_grad_bytes: int  # boundary gradients alive at the worst moment
+    peak_bytes: int  # both together, at the worst moment
+    runs: list[int] = field(default_factory=list)  # forward runs per segment
+
+
+class _DryDriver(Driver):
+    def __init__(self, sg: Segments) -> None:
+        self.sg = sg
+        self.held: dict[int, dict] = {}
+        self.grads: dict[Entry, int] = {}
+        self.flops = 0.0
+        self.runs = [0] * (sg.m + 1)
+        self.peak = self.peak_state = self.peak_grad = 0
+        self.live: int | None = None
+
+    def _note(self, *extra: dict) -> None:
+        alive: set = set()
+        for d in list(self.held.values()) + list(extra):
+            alive |= set(d)
+        sb = sum(self.sg.entry_bytes(e) for e in alive)
+        gb = sum(self.grads.values())
+        self.peak_state = max(self.peak_state, sb)
+        self.peak_grad = max(self.peak_grad, gb)
+        self.peak = max(self.peak, sb + gb)
+
+    def hold(self, state):
+        self.held[id(state)] = state
+
+    def release(self, state):
+        self.held.pop(id(state), None)
+
+    def fwd(self, i, state, first):
+        seg = self.sg.segments[i - 1]
+        self.flops += seg.flops
+        self.runs[i] += 1
+        new = {e: 1 for e in self.sg.crossing[i]}
+        self._note(state, new)
+        self.live = i
+        return new
+
+    def fb(self, i, state):
+        seg = self.sg.segments[i - 1]
+        if self.live != i:
+            self.flops += seg.flops
+            self.runs[i] += 1
+        self.live = None
+        for e in seg.inputs:
+            self.grads[e] = self.sg.entry_bytes(e)
+        self._note(state)
+        for e in seg.outputs:
+            self.grads.pop(e, None)
+
+
+def dry_run(sg: Segments, tree: Tree) -> DryRun:
+    """Walk the schedule without MXNet: FLOPs run and peak kept bytes (real dtype sizes)."""
+    drv = _DryDriver(sg)
+    stored = walk_forward(drv, tree, sg.m)
+    walk_backward(drv, tree, sg.m, stored)
+    return DryRun(drv.flops, drv.peak_state, drv.peak_grad, drv.peak, drv.runs[1:])
+
+
+# ----------------------------------------------------------------- memory model
+@dataclass
+class SegmentPlan:
+    """Everything the executor needs, and what the plan predicts it costs."""
+
+    cuts: list[int]  # op-order positions
+    tree: Tree
+    segments: Segments
+    template_bytes: dict[str, int]  # per template: MXNet's planned intermediates
+    template_blocks: dict[str, list[int]]
+    pool_bytes: int  # one shared pool: blocks matched as MXNet's shared_exec does
+    staging_bytes: int  # template slots for boundary values, their gradients, head grads
+    mask_bytes: int  # Dropout masks, kept for the whole step
+    output_bytes: int  # copies of the graph outputs
+    dry: DryRun
+
+    @property
+    def planned_bytes(self) -> int:
+        return (self.pool_bytes + self.staging_bytes + self.mask_bytes + self.output_bytes
+                + self.dry.peak_bytes)
+
+    def bind_order(self) -> list[str]:
+        return sorted(self.template_bytes, key=lambda k: -self.template_bytes[k])
+
+    def describe(self) -> dict:
+        return {"segments": self.segments.m, "templates": len(self.template_bytes),
+                "pool_mb": round(self.pool_bytes / 2**20, 3),
+                "staging_mb": round(self.staging_bytes / 2**20, 3),
+                "kept_mb": round(self.dry.peak_bytes / 2**20, 3),
+                "mask_mb": round(self.mask_bytes / 2**20, 3)}
+
+
+def template_memory(sg: Segments) -> tuple[dict[str, int], dict[str, list[int]]]:
+    """Simulated MXNet planned bytes and block sizes of every template's training graph."""
+    from . import mxnet_adapter
+
+    totals, blocks = {}, {}
+    seen = {}
+    for seg in sg.segments:
+        if seg.key in seen:
+            continue
+        seen[seg.key] = True
+        g = mxnet_adapter.load_graph(seg.json, sg.slot_shapes[seg.key],
+                                     type_dict=sg.slot_types[seg.key],
+                                     grad_req=sg.slot_req[seg.key])
+        res = memory.simulate(training_graph.build(g, set()))
+        totals[seg.key] = res.total_bytes
+        blocks[seg.key] = list(res.block_bytes)
+    return totals, blocks
+
+
+def staging_bytes(sg: Segments) -> int:
+    """Template slots of activation size (boundary values and their gradients, gradient
+    inputs, Dropout masks): shared by name across templates, so the largest per name."""
+    size: dict[str, int] = {}
+    for seg in sg.segments:
+        shapes = sg.slot_shapes[seg.key]
+        for name, key in seg.slots:
+            if key[0] in ("arg", "aux"):
+                continue  # parameter-like (as MXNet's own figure leaves arguments out)
+            b = prod(shapes[name]) * 4
+            size[name] = max(size.get(name, 0), b)
+            if key[0] == "state":
+                size["grad of " + name] = max(size.get("grad of " + name, 0), b)
+    return sum(size.values())
+
+
+def pool_blocks(blocks: dict[str, list[int]]) -> list[int]:
+    """The pool the owner executor allocates: per rank, the largest block of any template.
+    Every template then finds each of its blocks in it (largest first, smallest that fits),
+    so binding the templates adds nothing: the pool is the least a shared pool can be."""
+    ranked = [sorted(((b + 3) // 4 * 4 for b in bl), reverse=True) for bl in blocks.values()]
+    n = max((len(r) for r in ranked), default=0)
+    return [max(r[i] if i < len(r) else 0 for r in ranked) for i in range(n)]
+
+
+def make_segment_plan(graph: Graph, cuts: list[int], tree: Tree | None = None,
+                      sg: Segments | None = None, mem: tuple | None = None) -> SegmentPlan:
+    """Segments, template memory and the dry run of a tree (binary when not given)."""
+    sg = sg or build_segments(graph, cuts)
+    tree = binary_tree(sg.m) if tree is None else tree
+    totals, blocks = mem or template_memory(sg)
+    pool = sum(pool_blocks(blocks))
+    staging = staging_bytes(sg)
+    masks = sum(graph.entry_bytes(graph.nodes[d].inputs[0]) for d in sg.dropouts) * 2
+    outputs = sum(graph.entry_bytes(h) for h in graph.heads)
+    return SegmentPlan(sg.cuts, tree, sg, totals, blocks, pool, staging, masks, outputs,
+                       dry_run(sg, tree))

@@ -1,0 +1,141 @@
+#!/usr/bin/env python
+"""Every policy's plan on the reference networks: predicted MB, recompute ratio, plan time.
+
+Simulator only (no bind), so it runs in minutes; ``optimal`` dominates. Inputs given
+shapes get no gradient (Module's convention). ``budget`` is given 1.25x the sqrt plan's
+predicted bytes, ``multilevel`` 0.75x. ``--json FILE`` keeps the rows so that two commits
+can be compared exactly (``--compare OLD.json``): the refactoring check of issue 12.
+
+Usage::
+
+    python scripts/plan_table.py [--only NAME,...] [--json rows.json] [--compare old.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+POLICIES = ("none", "cheap", "sqrt", "budget", "optimal", "recursive", "multilevel")
+
+
+def networks() -> dict:
+    """name -> (symbol factory, shapes)."""
+    from symbols.lstm import input_shapes, paper_lstm
+    from symbols.resnet import resnet
+
+    def gluon_resnet50_v2():
+        import mxnet as mx
+        from mxnet.gluon.model_zoo import vision
+
+        net = vision.get_model("resnet50_v2", pretrained=False, classes=1000)
+        net.initialize()
+        net.hybridize()
+        net(mx.nd.zeros((1, 3, 32, 32)))
+        out = net(mx.sym.var("data"))
+        return mx.sym.SoftmaxOutput(out, name="softmax")
+
+    img = {"data": (32, 3, 224, 224), "softmax_label": (32,)}
+    return {
+        "ResNet-200": (lambda: resnet([3, 24, 36, 3], act="leaky"), img),
+        "ResNet-1001": (lambda: resnet([3, 120, 207, 3], act="leaky"), img),
+        "LSTM 4x1024x200": (lambda: paper_lstm(200), input_shapes(200, 64)),
+        "CIFAR ResNet-110": (
+            lambda: resnet([18, 18, 18], bottleneck=False, num_classes=10,
+                           image_shape=(3, 32, 32)),
+            {"data": (32, 3, 32, 32), "softmax_label": (32,)}),
+        "Gluon resnet50_v2": (gluon_resnet50_v2,
+                              {"data": (32, 3, 224, 224), "softmax_label": (32,)}),
+    }
+
+
+def rows_for(name: str, factory, shapes: dict, policies) -> list[dict]:
+    import mxmirror
+
+    sym = factory()
+    rows = []
+    sqrt_bytes = None
+    for policy in policies:
+        budget = None
+        if policy in ("budget", "multilevel"):
+            if sqrt_bytes is None:
+                sqrt_bytes = mxmirror.plan(sym, policy="sqrt", **shapes).planned_bytes
+            budget = int(sqrt_bytes * (1.25 if policy == "budget" else 0.75))
+        start = time.perf_counter()
+        try:
+            p = mxmirror.plan(sym, policy=policy, budget=budget, **shapes)
+        except mxmirror.PlanError as exc:
+            rows.append({"network": name, "policy": policy, "error": str(exc)})
+            continue
+        seconds = time.perf_counter() - start
+        if policy == "sqrt":
+            sqrt_bytes = p.planned_bytes
+        rows.append({"network": name, "policy": policy, "budget": budget,
+                     "planned_bytes": p.planned_bytes, "baseline_bytes": p.baseline_bytes,
+                     "recompute_ratio": p.recompute_ratio, "seconds": round(seconds, 2)})
+        print(f"  {name:<18} {policy:<10} {p.planned_bytes / 2**20:>9.1f} MB "
+              f"{p.recompute_ratio:>6.3f} {seconds:>7.1f} s", file=sys.stderr, flush=True)
+    return rows
+
+
+def table(rows: list[dict], old: dict | None) -> str:
+    head = "| network | policy | planned MB | recompute | plan s |"
+    sep = "|---|---|---:|---:|---:|"
+    if old is not None:
+        head += " before MB | before recompute | before s | same |"
+        sep += "---:|---:|---:|---|"
+    lines = [head, sep]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['network']} | {r['policy']} | error: {r['error'][:60]} | | |")
+            continue
+        line = (f"| {r['network']} | {r['policy']} | {r['planned_bytes'] / 2**20:.1f} | "
+                f"{r['recompute_ratio']:.4f} | {r['seconds']:.1f} |")
+        if old is not None:
+            o = old.get((r["network"], r["policy"]))
+            if o is None or "error" in o:
+                line += " - | - | - | - |"
+            else:
+                same = (o["planned_bytes"] == r["planned_bytes"]
+                        and abs(o["recompute_ratio"] - r["recompute_ratio"]) < 1e-12)
+                line += (f" {o['planned_bytes'] / 2**20:.1f} | {o['recompute_ratio']:.4f} | "
+                         f"{o['seconds']:.1f} | {'yes' if same else '**no**'} |")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="comma-separated network names")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--compare", help="rows of an earlier run, shown beside")
+    args = ap.parse_args()
+    nets = networks()
+    names = args.only.split(",") if args.only else list(nets)
+    rows = []
+    for name in names:
+        factory, shapes = nets[name]
+        rows += rows_for(name, factory, shapes, args.policies.split(","))
+    old = None
+    if args.compare:
+        old = {(r["network"], r["policy"]): r for r in json.loads(Path(args.compare).read_text())}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    print(f"Plans by policy (simulator), commit {commit}: "
+          f"`python scripts/plan_table.py {' '.join(sys.argv[1:])}`\n")
+    print(table(rows, old))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
