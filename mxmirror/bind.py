@@ -17,38 +17,34 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from .api import parse_budget, plan
+from .api import plan
 from .errors import PlanError
-from .executor import SegmentedBinding
 from .mxnet_adapter import UNHOOKED as _originals
+from .mxnet_adapter import load_mxnet
+from .plan import Plan
+from .planners import resolve
 
 log = logging.getLogger("mxmirror")
-if not log.handlers:
-    _h = logging.StreamHandler(sys.stderr)
-    _h.setFormatter(logging.Formatter("%(message)s"))
-    log.addHandler(_h)
-    log.setLevel(logging.INFO)
-    log.propagate = False
+log.addHandler(logging.NullHandler())
 
 _state: dict[str, Any] = {"policy": None, "budget": None}
-_cache: dict[str, str] = {}
-_segmented_cache: dict[str, SegmentedBinding] = {}
+_plans: dict[str, Plan | None] = {}  # plan key -> plan (None: nothing to recompute)
 _failed: dict[str, str] = {}  # plan key -> why planning failed (warned once)
 
 
-def _mx():
-    import mxnet as mx
-
-    return mx
+def _show_log() -> None:
+    """One line per planned bind on stderr, unless the application configured logging."""
+    if not any(not isinstance(h, logging.NullHandler) for h in log.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
 
 
 def enable(policy: str = "sqrt", budget: Any = None) -> None:
     """Plan every bind from now on (Symbol.simple_bind and Symbol.bind)."""
-    from .planners import POLICIES
-
-    if policy not in POLICIES:
-        raise PlanError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
-    parse_budget(budget)
+    resolve(policy, budget)
     _install()
     _state.update(policy=policy, budget=budget)
 
@@ -73,11 +69,11 @@ def simple_bind(symbol: Any, ctx: Any, policy: str = "sqrt", budget: Any = None,
                 **kwargs: Any):
     """Symbol.simple_bind with a plan; same arguments plus the plan's."""
     _install()
-    planned = _planned_symbol(symbol, policy, budget, kwargs.get("grad_req", "write"),
-                              kwargs.get("type_dict"), _shape_kwargs(kwargs), strict=True)
-    if isinstance(planned, SegmentedBinding):  # several recomputations: mxmirror drives
-        return planned.bind(symbol, ctx, **kwargs)
-    return _originals["simple_bind"](planned, ctx, **kwargs)
+    p = _plan_for(symbol, policy, budget, kwargs.get("grad_req", "write"),
+                  kwargs.get("type_dict"), _shape_kwargs(kwargs), strict=True)
+    if p is None:
+        return _originals["simple_bind"](symbol, ctx, **kwargs)
+    return p.bind(ctx, symbol=symbol, **kwargs)
 
 
 def _shape_kwargs(kwargs: dict) -> dict:
@@ -86,13 +82,14 @@ def _shape_kwargs(kwargs: dict) -> dict:
     return {k: v for k, v in kwargs.items() if k not in named}
 
 
-def _planned_symbol(symbol, policy, budget, grad_req, type_dict, shapes, strict=False):
-    """The planned copy of `symbol`, cached per graph, shapes, grad_req and policy."""
+def _plan_for(symbol, policy, budget, grad_req, type_dict, shapes, strict=False) -> Plan | None:
+    """The plan for `symbol` (cached per graph, shapes, grad_req and policy), or None when
+    there is nothing to plan or (unless strict) planning failed."""
     if policy in (None, "none"):
-        return symbol
+        return None
     if grad_req == "null" or (isinstance(grad_req, dict)
                               and all(v == "null" for v in grad_req.values())):
-        return symbol  # inference: nothing to recompute
+        return None  # inference: nothing to recompute
     key = None
     try:
         text = symbol.tojson()
@@ -100,19 +97,12 @@ def _planned_symbol(symbol, policy, budget, grad_req, type_dict, shapes, strict=
                                               for k, v in shapes.items()),
                                        grad_req, type_dict and sorted(type_dict.items()),
                                        policy, str(budget)], default=str).encode()).hexdigest()
-        if key in _cache:
-            return _mx().sym.load_json(_cache[key])
-        if key in _segmented_cache:
-            return _segmented_cache[key]
+        if key in _plans:
+            return _plans[key]
         if key in _failed:  # warned once already; do not plan (or learn) again
-            return symbol
+            return None
         p = plan(symbol, policy=policy, budget=budget, type_dict=type_dict, grad_req=grad_req,
                  **shapes)
-        if p.segmented is not None:  # runs on SegmentedExecutor, not on MXNet's own
-            log.info(p.summary())
-            _segmented_cache[key] = SegmentedBinding(p)
-            return _segmented_cache[key]
-        planned = p.symbol
     except Exception as exc:  # never break the user's script
         if strict:
             raise
@@ -120,45 +110,44 @@ def _planned_symbol(symbol, policy, budget, grad_req, type_dict, shapes, strict=
         if key is not None:
             _failed[key] = why
         warnings.warn(f"mxmirror: planning failed, binding unplanned: {why}", stacklevel=3)
-        return symbol
+        return None
     log.info(p.summary())
-    _cache[key] = planned.tojson()
-    return planned
+    _plans[key] = p if p.recomputed_ids else None
+    return _plans[key]
 
 
 def _install() -> None:
     """Wrap Symbol.simple_bind and Symbol.bind once."""
+    _show_log()
     if _originals:
         return
-    Symbol = _mx().sym.Symbol
+    Symbol = load_mxnet().sym.Symbol
     _originals["simple_bind"] = Symbol.simple_bind
     _originals["bind"] = Symbol.bind
 
     def simple_bind_hook(self, ctx, grad_req="write", type_dict=None, stype_dict=None,
                          group2ctx=None, shared_arg_names=None, shared_exec=None,
                          shared_buffer=None, **kwargs):
-        sym = _planned_symbol(self, _state["policy"], _state["budget"], grad_req, type_dict,
-                              kwargs)
+        p = _plan_for(self, _state["policy"], _state["budget"], grad_req, type_dict, kwargs)
         return _bind_or_fall_back(
-            _originals["simple_bind"], sym, self, ctx, grad_req=grad_req, type_dict=type_dict,
+            p, _originals["simple_bind"], self, ctx, grad_req=grad_req, type_dict=type_dict,
             stype_dict=stype_dict, group2ctx=group2ctx, shared_arg_names=shared_arg_names,
             shared_exec=shared_exec, shared_buffer=shared_buffer, **kwargs)
 
     def bind_hook(self, ctx, args, args_grad=None, grad_req="write", aux_states=None,
                   group2ctx=None, shared_exec=None):
-        sym = self
+        p = None
         try:
-            req = types = shapes = None
             if _state["policy"] not in (None, "none") and args_grad is not None:
                 req, types, shapes = _bind_inputs(self, args, args_grad, grad_req)
+                p = _plan_for(self, _state["policy"], _state["budget"], req, types, shapes)
         except Exception as exc:  # never break the user's script
             warnings.warn(f"mxmirror: cannot read the bind arguments ({type(exc).__name__}: "
                           f"{exc}); binding unplanned", stacklevel=2)
-        if req is not None:
-            sym = _planned_symbol(self, _state["policy"], _state["budget"], req, types, shapes)
-        return _bind_or_fall_back(_originals["bind"], sym, self, ctx, args, args_grad=args_grad,
-                                  grad_req=grad_req, aux_states=aux_states,
-                                  group2ctx=group2ctx, shared_exec=shared_exec)
+        return _bind_or_fall_back(p, _originals["bind"], self, ctx, args=args,
+                                  args_grad=args_grad, grad_req=grad_req,
+                                  aux_states=aux_states, group2ctx=group2ctx,
+                                  shared_exec=shared_exec)
 
     Symbol.simple_bind = simple_bind_hook
     Symbol.bind = bind_hook
@@ -181,22 +170,20 @@ def _bind_inputs(self, args, args_grad, grad_req):
     return req, types, shapes
 
 
-def _bind_or_fall_back(original, planned, symbol, *args, **kwargs):
-    """Bind the planned symbol; should MXNet refuse it, bind the user's own (with a warning)."""
-    if planned is symbol:
-        return original(symbol, *args, **kwargs)
+def _bind_or_fall_back(p: Plan | None, original, symbol, ctx, **kwargs):
+    """Bind the plan; should that fail, bind the user's own symbol (with a warning)."""
+    if p is None:
+        return original(symbol, ctx, **kwargs)
     try:
-        if isinstance(planned, SegmentedBinding):
-            if original is _originals["bind"]:
-                ctx, args_ = args[0], args[1]
-                return planned.bind(symbol, ctx, args=args_, **kwargs)
-            return planned.bind(symbol, *args, **kwargs)
-        return original(planned, *args, **kwargs)
+        return p.bind(ctx, symbol=symbol, **kwargs)
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
-        warnings.warn(f"mxmirror: MXNet could not bind the planned symbol "
+        warnings.warn(f"mxmirror: could not bind the planned symbol "
                       f"({type(exc).__name__}: {first}); binding unplanned", stacklevel=3)
-        return original(symbol, *args, **kwargs)
+        shared = kwargs.get("shared_exec")
+        if shared is not None and not hasattr(shared, "handle"):
+            kwargs["shared_exec"] = None  # MXNet shares memory only with its own executors
+        return original(symbol, ctx, **kwargs)
 
 
 def enable_from_env() -> None:

@@ -142,7 +142,6 @@ def cmd_plan(args) -> int:
 def cmd_memory(args) -> int:
     from . import memory, mxnet_adapter, training_graph
     from .api import plan
-    from .plan import annotate_json
 
     sym, shapes, dtypes, budget = _load(args)
     p = plan(sym, policy=args.policy, budget=budget, type_dict=dtypes, **shapes)
@@ -151,14 +150,10 @@ def cmd_memory(args) -> int:
     sim["planned"] = p.planned_mb
     out = {"policy": args.policy, "simulated_mb": {k: round(v, 3) for k, v in sim.items()}}
     if not args.no_bind:
-        req = mxnet_adapter.normalize_grad_req(sym, shapes, None)
-        jobs = [{"symbol": p.source_json, "shapes": shapes, "type_dict": dtypes,
-                 "grad_req": req}]
-        if p.segmented is None:  # a segmented plan runs several executors: no single figure
-            jobs.append({"symbol": annotate_json(p.source_json, p.mirror_ids),
-                         "shapes": shapes, "type_dict": dtypes, "grad_req": req})
-        mb = mxnet_adapter.mxnet_mb_many(jobs) + [None]
-        out["mxnet_mb"] = {"sharing": mb[0], "planned": mb[1]}
+        sharing = mxnet_adapter.mxnet_mb_many([{
+            "symbol": p.source_json, "shapes": shapes, "type_dict": dtypes,
+            "grad_req": p.inputs.grad_req}])[0]
+        out["mxnet_mb"] = {"sharing": sharing, "planned": p.mxnet_mb()}
     if args.json:
         print(json.dumps(out))
         return 0
@@ -195,13 +190,10 @@ def cmd_viz(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from .api import parse_budget
     from .bind import enable
-    from .planners import POLICIES
+    from .planners import resolve
 
-    if args.policy not in POLICIES:
-        raise PlanError(f"unknown policy {args.policy!r}; choose from {', '.join(POLICIES)}")
-    parse_budget(args.budget)
+    resolve(args.policy, args.budget)
     script = Path(args.script)
     if not script.is_file():
         raise PlanError(f"script not found: {script}")

@@ -7,8 +7,7 @@ import time
 from pathlib import Path
 
 from . import mxnet_adapter
-from .api import plan_graph, prepare
-from .plan import annotate_json
+from .api import prepare
 from .viz import plot_plan, plot_timeline
 
 
@@ -48,18 +47,16 @@ def run_demo(out: Path, quick: bool = False) -> int:
     for title, sym, shapes in _networks(quick):
         print(f"== {title}", flush=True)
         plans = {}
-        graph, source = prepare(sym, grad_req="write", **shapes)
+        prepared = prepare(sym, grad_req="write", **shapes)
         for policy in ("cheap", "sqrt"):
             t = time.perf_counter()
-            plans[policy] = plan_graph(graph, source, policy)
+            plans[policy] = prepared.plan(policy)
             print(f"   planned {policy} in {time.perf_counter() - t:.1f}s", flush=True)
         base = plans["sqrt"]
-        req = mxnet_adapter.normalize_grad_req(sym, shapes, "write")
-        job = {"shapes": shapes, "type_dict": None, "grad_req": req}
+        job = {"shapes": shapes, "type_dict": None, "grad_req": prepared.inputs.grad_req}
         jobs = [dict(job, symbol=base.source_json),
                 dict(job, symbol=base.source_json, env={"MXNET_BACKWARD_DO_MIRROR": "1"})]
-        jobs += [dict(job, symbol=annotate_json(p.source_json, p.mirror_ids))
-                 for p in plans.values()]
+        jobs += [dict(job, symbol=p.symbol.tojson()) for p in plans.values()]
         # the drawings are made while MXNet binds in child processes
         drawn: list = []
         stem = out / ("resnet" if "ResNet" in title else "lstm")

@@ -396,29 +396,3 @@ def _assign(dst: Any, value: Any) -> None:
         value.copyto(dst)
     else:
         dst[:] = value
-
-
-class SegmentedBinding:
-    """A segmented plan waiting for its bind (what bind.py routes to SegmentedExecutor)."""
-
-    def __init__(self, plan: Any) -> None:
-        self.plan = plan
-
-    def bind(self, symbol: Any, ctx: Any, args: Any = None, args_grad: Any = None,
-             aux_states: Any = None, shared_exec: Any = None, shared_arg_names: Any = None,
-             shared_buffer: Any = None, **_ignored: Any) -> SegmentedExecutor:
-        names = symbol.list_arguments()
-        aux_names = symbol.list_auxiliary_states()
-
-        def as_dict(values, keys):
-            if values is None or isinstance(values, dict):
-                return values
-            return dict(zip(keys, values))
-
-        if shared_exec is not None and not isinstance(shared_exec, SegmentedExecutor):
-            shared_exec = shared_exec if hasattr(shared_exec, "arg_dict") else None
-        return SegmentedExecutor(symbol, ctx, self.plan.segmented, args=as_dict(args, names),
-                                 args_grad=as_dict(args_grad, names),
-                                 aux_states=as_dict(aux_states, aux_names),
-                                 shared_exec=shared_exec, shared_arg_names=shared_arg_names,
-                                 shared_buffer=shared_buffer)

@@ -48,6 +48,7 @@ class Node:
     grad_req: str = "null"  # for variables
     # elements of each output of each backward template node (set with the template)
     backward_sizes: list[list[int]] = field(default_factory=list)
+    visible: int = 1  # outputs the symbol exposes; the template may add hidden ones after
 
     @property
     def is_variable(self) -> bool:
@@ -74,6 +75,9 @@ class Graph:
 
     nodes: list[Node]
     heads: list[Entry]
+    # attaches backward templates to a graph; graphs derived from this one (sub-graphs of
+    # the segment model) use it too (set by the MXNet adapter, which learns them)
+    templates: Callable[[Graph], None] | None = field(default=None, repr=False)
 
     @property
     def op_nodes(self) -> list[Node]:

@@ -26,7 +26,7 @@ _store: learn.TemplateStore | None = None
 UNHOOKED: dict[str, Any] = {}
 
 
-def _mx():
+def load_mxnet():
     try:
         import mxnet as mx
     except ImportError as exc:  # pragma: no cover - install problem
@@ -36,19 +36,19 @@ def _mx():
 
 def unhooked(name: str) -> Any:
     """MXNet's own ``Symbol.<name>`` (simple_bind or bind), whether or not the hook is on."""
-    return UNHOOKED.get(name) or getattr(_mx().sym.Symbol, name)
+    return UNHOOKED.get(name) or getattr(load_mxnet().sym.Symbol, name)
 
 
 def store() -> learn.TemplateStore:
     global _store
     if _store is None:
-        _store = learn.TemplateStore(_mx().__version__)
+        _store = learn.TemplateStore(load_mxnet().__version__)
     return _store
 
 
 def load_symbol(source: Any):
     """An mx.sym.Symbol from a Symbol, a JSON string or a path to a JSON file."""
-    mx = _mx()
+    mx = load_mxnet()
     if isinstance(source, mx.sym.Symbol):
         return source
     if not isinstance(source, (str, bytes, Path)):
@@ -155,7 +155,7 @@ def _parse_shapes(sym, shapes: dict[str, Any]) -> dict[str, tuple]:
 def load_graph(source: Any, shapes: dict[str, Any], type_dict: dict[str, str] | None = None,
                grad_req: Any = None) -> Graph:
     """Read a Symbol (object, JSON text or file) with input shapes into the Graph IR."""
-    _mx()
+    load_mxnet()
     sym = load_symbol(source)
     shapes = _parse_shapes(sym, shapes)
     type_dict = {name: _dtype_name(dt) for name, dt in (type_dict or {}).items()}
@@ -202,7 +202,7 @@ def load_graph(source: Any, shapes: dict[str, Any], type_dict: dict[str, str] | 
                for k in range(n_vis)]
         node = Node(id=i, name=jn["name"], op=None if jn["op"] == "null" else jn["op"],
                     attrs=attrs, inputs=[(e[0], e[1]) for e in jn["inputs"]],
-                    shapes=shp, dtypes=dts)
+                    shapes=shp, dtypes=dts, visible=n_vis)
         if node.is_variable:
             node.kind = AUX if node.name in aux else (
                 PARAM if req.get(node.name, "null") != "null" else INPUT)
@@ -210,8 +210,9 @@ def load_graph(source: Any, shapes: dict[str, Any], type_dict: dict[str, str] | 
         else:
             node.kind = OP
         nodes.append(node)
-    graph = Graph(nodes=nodes, heads=[(h[0], h[1]) for h in js["heads"]])
-    attach_templates(graph, aux)
+    graph = Graph(nodes=nodes, heads=[(h[0], h[1]) for h in js["heads"]],
+                  templates=attach_templates)
+    attach_templates(graph)
     for n in graph.op_nodes:
         n.flops = ops.flops(n.op, n.attrs, [graph.nodes[s].shapes[k] for s, k in n.inputs],
                             n.shapes)
@@ -231,13 +232,13 @@ def _dtype_name(t: Any) -> str:
         return str(getattr(t, "__name__", t))
 
 
-def _spec(graph: Graph, n: Node, aux_names: set[str]) -> dict:
+def _spec(graph: Graph, n: Node) -> dict:
     """What the learner needs to bind this node alone, and what its template depends on."""
     return {"op": n.op, "attrs": {k: v for k, v in n.attrs.items() if not k.startswith("__")},
             "shapes": [list(graph.nodes[s].shapes[k]) for s, k in n.inputs],
             "dtypes": [graph.nodes[s].dtypes[k] for s, k in n.inputs],
             "aux": [j for j, (s, _) in enumerate(n.inputs)
-                    if graph.nodes[s].is_variable and graph.nodes[s].name in aux_names],
+                    if graph.nodes[s].kind == AUX],
             "num_visible": len(n.shapes), "out_shapes": [list(x) for x in n.shapes]}
 
 
@@ -246,10 +247,10 @@ def _key(spec: dict, literal: bool = False) -> str:
                            spec["dtypes"], literal=literal, out_shapes=spec["out_shapes"])
 
 
-def attach_templates(graph: Graph, aux_names: set[str]) -> None:
+def attach_templates(graph: Graph) -> None:
     """Give every op node its backward template, learning unknown ones from MXNet."""
     st = store()
-    specs = {n.id: _spec(graph, n, aux_names) for n in graph.op_nodes}
+    specs = {n.id: _spec(graph, n) for n in graph.op_nodes}
 
     def lookup(spec: dict):
         tpl = st.get(_key(spec))

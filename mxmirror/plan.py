@@ -1,4 +1,11 @@
-"""The Plan value and writing it into a symbol as MXNet's own mirror attributes."""
+"""The Plan value: what to recompute, what it costs, and how to bind it.
+
+A plan runs in one of two ways, and callers never need to know which:
+``MirrorExecution`` (MXNet's own executor, the plan written into the symbol as
+``__force_mirroring__`` attributes; each recomputed node runs once more) and
+``SegmentedExecution`` (mxmirror's SegmentedExecutor; segments may run several
+times). Both answer ``bind``, ``training_graph``, ``mxnet_mb`` and ``describe``.
+"""
 
 from __future__ import annotations
 
@@ -6,34 +13,146 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .analysis import Analysis
+from .errors import PlanError
 from .graph import Graph
+from .segments import SegmentPlan
+from .training_graph import TrainingGraph
 
 MIRROR_KEY = "__force_mirroring__"
 
 
 @dataclass
+class BindInputs:
+    """What the plan was made for: shapes, dtypes and grad_req of the symbol's inputs."""
+
+    shapes: dict[str, tuple[int, ...]]
+    type_dict: dict[str, str] | None
+    grad_req: dict[str, str]
+
+
+@dataclass
+class MirrorExecution:
+    """MXNet's own executor runs the plan: recomputed nodes carry ``__force_mirroring__``."""
+
+    kind = "mirror"
+    _json: str | None = None
+
+    def symbol_json(self, plan: Plan) -> str:
+        if self._json is None:
+            if plan.source_json is None:
+                raise ValueError("this plan was made from a graph without a symbol")
+            self._json = annotate_json(plan.source_json, plan.recomputed_ids)
+        return self._json
+
+    def bind(self, plan: Plan, ctx: Any, symbol: Any = None, args: Any = None,
+             **kwargs: Any) -> Any:
+        from . import mxnet_adapter
+
+        mx = mxnet_adapter.load_mxnet()
+        sym = mx.sym.load_json(self.symbol_json(plan))
+        if args is not None:
+            return mxnet_adapter.unhooked("bind")(sym, ctx, args, **kwargs)
+        return mxnet_adapter.unhooked("simple_bind")(sym, ctx, **kwargs)
+
+    def training_graph(self, plan: Plan) -> TrainingGraph | None:
+        from . import training_graph
+
+        return training_graph.build(plan.graph, set(plan.recomputed_ids))
+
+    def mxnet_mb(self, plan: Plan) -> float | None:
+        from . import mxnet_adapter
+
+        inputs = plan.inputs
+        return mxnet_adapter.mxnet_mb_many([{
+            "symbol": self.symbol_json(plan), "grad_req": inputs.grad_req,
+            "shapes": {k: list(v) for k, v in inputs.shapes.items()},
+            "type_dict": inputs.type_dict}])[0]
+
+    def describe(self) -> dict:
+        return {}
+
+
+@dataclass
+class SegmentedExecution:
+    """mxmirror's SegmentedExecutor runs the plan: a chain of MXNet executors on one pool."""
+
+    segment_plan: SegmentPlan
+    kind = "segmented"
+
+    def symbol_json(self, plan: Plan) -> str:
+        raise PlanError(f"policy {plan.policy!r} recomputes nodes more than once, which "
+                        f"MXNet's own executor cannot do: bind it with plan.bind(ctx), "
+                        f"mxmirror.simple_bind or inside mxmirror.enabled()")
+
+    def bind(self, plan: Plan, ctx: Any, symbol: Any = None, args: Any = None,
+             args_grad: Any = None, aux_states: Any = None, shared_exec: Any = None,
+             shared_arg_names: Any = None, shared_buffer: Any = None, **_ignored: Any) -> Any:
+        from . import mxnet_adapter
+        from .executor import SegmentedExecutor
+
+        if symbol is None:
+            symbol = mxnet_adapter.load_mxnet().sym.load_json(plan.source_json)
+        names = symbol.list_arguments()
+        aux_names = symbol.list_auxiliary_states()
+
+        def as_dict(values, keys):
+            if values is None or isinstance(values, dict):
+                return values
+            return dict(zip(keys, values))
+
+        if shared_exec is not None and not isinstance(shared_exec, SegmentedExecutor):
+            shared_exec = shared_exec if hasattr(shared_exec, "arg_dict") else None
+        return SegmentedExecutor(symbol, ctx, self.segment_plan, args=as_dict(args, names),
+                                 args_grad=as_dict(args_grad, names),
+                                 aux_states=as_dict(aux_states, aux_names),
+                                 shared_exec=shared_exec, shared_arg_names=shared_arg_names,
+                                 shared_buffer=shared_buffer)
+
+    def training_graph(self, plan: Plan) -> TrainingGraph | None:
+        return None  # several executors: no single MXNet training graph
+
+    def mxnet_mb(self, plan: Plan) -> float | None:
+        return None  # not yet measured as a whole (several executors and own arrays)
+
+    def describe(self) -> dict:
+        return {"segmented": self.segment_plan.describe()}
+
+
+@dataclass
 class Plan:
-    """What to recompute, what to keep, and what it costs."""
+    """What to recompute, what to keep, what it costs, and how to bind it."""
 
     policy: str
-    graph: Graph
-    mirror_ids: set[int]  # ids (JSON node index) of recomputed nodes
+    analysis: Analysis
+    recomputed_ids: frozenset[int]  # op nodes whose forward runs more than once a step
     checkpoints: list[str]  # names of kept segment boundaries
     baseline_bytes: int
-    planned_bytes: int
+    planned_bytes: int  # predicted, as MXNet's debug_str would count it
     recompute_ratio: float  # extra forward FLOPs / forward FLOPs
+    execution: MirrorExecution | SegmentedExecution
+    inputs: BindInputs | None = None
+    source_json: str | None = None  # the symbol as given, without mirror attributes
     plan_seconds: float = 0.0
-    skipped: dict[str, str] = field(default_factory=dict)  # node -> why it was not mirrored
-    source_json: str | None = None  # the symbol as given, for Plan.symbol
     notes: list[str] = field(default_factory=list)
-    # segmented plans (several recomputations per node): a segments.SegmentPlan, run by
-    # mxmirror.simple_bind through executor.SegmentedExecutor; None for attribute plans
-    segmented: Any = None
+
+    @property
+    def graph(self) -> Graph:
+        return self.analysis.graph
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        """Nodes never recomputed, with the reason."""
+        return self.analysis.skipped
+
+    @property
+    def predicted_bytes(self) -> int:
+        return self.planned_bytes
 
     @property
     def mirrored(self) -> list[str]:
         """Names of the recomputed nodes, in graph order."""
-        return [n.name for n in self.graph.nodes if n.id in self.mirror_ids]
+        return [n.name for n in self.graph.nodes if n.id in self.recomputed_ids]
 
     @property
     def baseline_mb(self) -> float:
@@ -45,18 +164,30 @@ class Plan:
 
     @property
     def symbol(self) -> Any:
-        """A copy of the symbol with the plan in its attributes; plain MXNet binds it."""
-        import mxnet as mx
+        """A copy of the symbol with the plan in its attributes; plain MXNet binds it.
+        PlanError for plans only the segmented executor can run."""
+        from . import mxnet_adapter
 
-        if self.segmented is not None:
-            from .errors import PlanError
+        return mxnet_adapter.load_mxnet().sym.load_json(self.execution.symbol_json(self))
 
-            raise PlanError(f"policy {self.policy!r} recomputes nodes more than once, which "
-                            f"MXNet's own executor cannot do: bind it with "
-                            f"mxmirror.simple_bind or inside mxmirror.enabled()")
-        if self.source_json is None:
-            raise ValueError("this plan was made from a graph without a symbol")
-        return mx.sym.load_json(annotate_json(self.source_json, self.mirror_ids))
+    def bind(self, ctx: Any, symbol: Any = None, **kwargs: Any) -> Any:
+        """An executor (mx.executor.Executor interface) that trains with this plan.
+
+        Keywords as ``Symbol.simple_bind``; with ``args=`` (and ``args_grad``,
+        ``aux_states``) as ``Symbol.bind``. ``symbol``: the user's symbol, for the names
+        of its arguments (default: the planned one)."""
+        return self.execution.bind(self, ctx, symbol=symbol, **kwargs)
+
+    def training_graph(self) -> TrainingGraph | None:
+        """The one MXNet training graph that runs this plan, or None (several executors)."""
+        return self.execution.training_graph(self)
+
+    def mxnet_mb(self) -> float | None:
+        """MXNet's own figure for this plan, from a bind in a child process (None: not
+        measurable as one figure)."""
+        if self.inputs is None:
+            raise ValueError("this plan was made from a graph without its bind inputs")
+        return self.execution.mxnet_mb(self)
 
     def to_dict(self) -> dict:
         return {
@@ -68,7 +199,7 @@ class Plan:
             "planned_mb": round(self.planned_mb, 3),
             "recompute_ratio": round(self.recompute_ratio, 4),
             "plan_seconds": round(self.plan_seconds, 3),
-            **({"segmented": self.segmented.describe()} if self.segmented is not None else {}),
+            **self.execution.describe(),
         }
 
     def summary(self) -> str:
@@ -77,7 +208,7 @@ class Plan:
                 f"mirrored={len(self.mirrored)} nodes")
 
 
-def annotate_json(symbol_json: str, mirrored: set[int]) -> str:
+def annotate_json(symbol_json: str, mirrored: set[int] | frozenset[int]) -> str:
     """Set __force_mirroring__ on exactly the mirrored nodes (by index); clear it elsewhere."""
     data = json.loads(symbol_json)
     for i, node in enumerate(data["nodes"]):

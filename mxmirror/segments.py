@@ -30,7 +30,7 @@ from math import prod
 
 from . import memory, ops, training_graph
 from .errors import PlanError
-from .graph import AUX, Entry, Graph
+from .graph import AUX, INPUT, OP, PARAM, Entry, Graph, Node
 
 Tree = dict[tuple[int, int], int]
 _STRIP = {"__force_mirroring__", "__mirror_stage__", "mirror_stage"}
@@ -51,6 +51,7 @@ class Segment:
     json: str  # the sub-symbol, canonical names (equal for equal structure)
     key: str  # template key: json + slot shapes, dtypes, grad_req
     flops: float = 0.0
+    graph: Graph | None = field(default=None, repr=False)  # the sub-graph as Graph IR
 
 
 @dataclass
@@ -123,46 +124,51 @@ def build_segments(graph: Graph, cuts: list[int]) -> Segments:
 
 def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry],
                   heads: list[int]) -> Segment:
+    """The segment as a graph of its own (Graph IR, built from the parent's nodes) and its
+    MXNet symbol JSON (what the executor binds)."""
     graph = sg.graph
-    nodes: list[dict] = []
+    sub: list[Node] = []
     local: dict[int, int] = {}
     var_of: dict[tuple, int] = {}
     slots: list[tuple[str, tuple]] = []
-    shapes, types, req = {}, {}, {}
     inputs: list[Entry] = []
     ids_set = set(ids)
 
-    def var(key: tuple, shape: tuple, dtype: str, grad: str | None) -> int:
+    def add(op: str, ins: list[Entry], shapes: list[tuple], dtypes: list[str],
+            attrs: dict | None = None, flops: float = 0.0) -> int:
+        sub.append(Node(len(sub), f"_o{len(sub)}", op, attrs or {}, ins, OP, list(shapes),
+                        list(dtypes), flops=flops, visible=len(shapes)))
+        return len(sub) - 1
+
+    def like(e: Entry) -> tuple[list[tuple], list[str]]:
+        return [sub[e[0]].shapes[e[1]]], [sub[e[0]].dtypes[e[1]]]
+
+    def var(key: tuple, shape: tuple, dtype: str, grad: str) -> int:
         if key not in var_of:
             # one counter per kind, so that slots of the same role get the same name in
             # every template and share one array (shared_buffer)
             prefix = _PREFIX[key[0]]
             name = f"{prefix}{sum(1 for _, k in slots if k[0] == key[0])}"
-            if key[0] == "aux":  # shared_exec lends its aux arrays by name: name the shape
+            kind = AUX if key[0] == "aux" else (INPUT if grad == "null" else PARAM)
+            if kind == AUX:  # shared_exec lends its aux arrays by name: name the shape
                 name += "_" + "x".join(map(str, shape)) + "_" + dtype
-            nodes.append({"op": "null", "name": name, "inputs": []})
-            var_of[key] = len(nodes) - 1
+            sub.append(Node(len(sub), name, None, kind=kind, shapes=[tuple(shape)],
+                            dtypes=[dtype], grad_req="null" if kind == AUX else grad))
+            var_of[key] = len(sub) - 1
             slots.append((name, key))
-            if key[0] != "aux":
-                shapes[name] = tuple(shape)
-                req[name] = grad
-            types[name] = dtype
             if key[0] == "state":
                 inputs.append(key[1])
         return var_of[key]
 
-    def ref(src: int, k: int) -> list[int]:
+    def ref(src: int, k: int) -> Entry:
         nd = graph.nodes[src]
         if nd.is_variable:
             kind = "aux" if nd.kind == AUX else "arg"
-            # a mutated input (aux state) is read at version 1, as MXNet writes it; at
-            # version 0 BatchNorm's update of its running statistics is lost
-            return [var((kind, nd.name), nd.shapes[0], nd.dtypes[0],
-                        "null" if nd.grad_req == "null" else "write"), 0,
-                    1 if kind == "aux" else 0]
+            return (var((kind, nd.name), nd.shapes[0], nd.dtypes[0],
+                        "null" if nd.grad_req == "null" else "write"), 0)
         if src in local:
-            return [local[src], k, 0]
-        return [var(("state", (src, k)), nd.shapes[k], nd.dtypes[k], "write"), 0, 0]
+            return (local[src], k)
+        return (var(("state", (src, k)), nd.shapes[k], nd.dtypes[k], "write"), 0)
 
     # boundary inputs first, largest first: slots of a role are then named by size in
     # every template, and the arrays they share across templates stay small
@@ -180,57 +186,76 @@ def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry]
         ins = [ref(s, k) for s, k in nd.inputs]
         if nd.op == "Dropout":
             src = graph.nodes[nd.inputs[0][0]]
-            shape = src.shapes[nd.inputs[0][1]]
-            mask = var(("mask", nid), shape, src.dtypes[nd.inputs[0][1]], "null")
-            nodes.append({"op": "elemwise_mul", "name": f"_o{len(nodes)}", "inputs":
-                          [ins[0], [mask, 0, 0]]})
+            k = nd.inputs[0][1]
+            mask = var(("mask", nid), src.shapes[k], src.dtypes[k], "null")
+            local[nid] = add("elemwise_mul", [ins[0], (mask, 0)], *like(ins[0]))
         else:
             attrs = {k: v for k, v in nd.attrs.items() if k not in _STRIP}
-            node = {"op": nd.op, "name": f"_o{len(nodes)}", "inputs": ins}
-            if attrs:
-                node["attrs"] = attrs
-            nodes.append(node)
-        local[nid] = len(nodes) - 1
+            local[nid] = add(nd.op, ins, nd.shapes[:nd.visible], nd.dtypes[:nd.visible],
+                             attrs, nd.flops)
     # Outputs: every boundary value under BlockGrad (in place, no head gradient), then the
     # graph heads, then one MakeLoss(sum(value * gradient-input)) per value that needs a
     # gradient from outside: its backward hands the gradient input to the value exactly
     # (1 * g), and MXNet allocates no head-gradient array per executor for a loss.
-    def add(op: str, ins: list, attrs: dict | None = None) -> int:
-        nodes.append({"op": op, "name": f"_o{len(nodes)}", "inputs": ins,
-                      **({"attrs": attrs} if attrs else {})})
-        return len(nodes) - 1
-
-    head_refs, losses = [], []
+    head_refs: list[Entry] = []
+    losses = []
     outputs = sorted(outputs, key=lambda e: -graph.entry_bytes(e))
     for e in outputs:
-        head_refs.append([add("BlockGrad", [[local[e[0]], e[1], 0]]), 0, 0])
+        mine = (local[e[0]], e[1])
+        head_refs.append((add("BlockGrad", [mine], *like(mine)), 0))
         g = var(("ograd", e), graph.nodes[e[0]].shapes[e[1]], graph.nodes[e[0]].dtypes[e[1]],
                 "null")
-        losses.append((e, g))
+        losses.append((mine, g))
     for j in heads:
         s, k = graph.heads[j]
+        mine = (local[s], k)
         if graph.nodes[s].op in ops.LOSSES or graph.nodes[s].op in ("BlockGrad",
                                                                     "stop_gradient"):
-            head_refs.append([local[s], k, 0])
+            head_refs.append(mine)
         else:
-            head_refs.append([add("BlockGrad", [[local[s], k, 0]]), 0, 0])
-            losses.append(((s, k), var(("hgrad", j), graph.nodes[s].shapes[k],
-                                       graph.nodes[s].dtypes[k], "null")))
-    for (s, k), g in losses:
+            head_refs.append((add("BlockGrad", [mine], *like(mine)), 0))
+            losses.append((mine, var(("hgrad", j), graph.nodes[s].shapes[k],
+                                     graph.nodes[s].dtypes[k], "null")))
+    for mine, g in losses:
         # loss = sum(o * g): its backward gives o the gradient g exactly (1 * g_i), and
         # the product is a temporary (not an output kept in the pool)
-        mul = add("elemwise_mul", [[local[s], k, 0], [g, 0, 0]])
-        total = add("sum", [[mul, 0, 0]])
-        head_refs.append([add("MakeLoss", [[total, 0, 0]]), 0, 0])
-    data = {"nodes": nodes, "arg_nodes": [i for i, nd in enumerate(nodes) if nd["op"] == "null"],
-            "heads": head_refs, "attrs": {"mxnet_version": ["int", 10901]}}
-    text = json.dumps(data, sort_keys=True)
+        mul = add("elemwise_mul", [mine, (g, 0)], *like(mine))
+        total = add("sum", [(mul, 0)], [(1,)], [sub[mul].dtypes[0]])
+        head_refs.append((add("MakeLoss", [(total, 0)], [(1,)], [sub[total].dtypes[0]]), 0))
+    sub_graph = Graph(sub, head_refs, templates=graph.templates)
+    text = to_json(sub_graph)
+    args = [n for n in sub if n.is_variable and n.kind != AUX]
+    shapes = {n.name: n.shapes[0] for n in args}
+    types = {n.name: n.dtypes[0] for n in sub if n.is_variable}
+    req = {n.name: n.grad_req for n in args}
     key = json.dumps([text, sorted(shapes.items()), sorted(types.items()),
                       sorted(req.items())])
     sg.slot_shapes[key] = shapes
     sg.slot_types[key] = types
     sg.slot_req[key] = req
-    return Segment(index, ids, inputs, list(outputs), heads, slots, text, key, flops)
+    return Segment(index, ids, inputs, list(outputs), heads, slots, text, key, flops,
+                   sub_graph)
+
+
+def to_json(graph: Graph) -> str:
+    """MXNet symbol JSON of a graph built here. A mutated input (aux state) is read at
+    version 1, as MXNet writes it; at version 0 BatchNorm's update of its running
+    statistics is lost."""
+    nodes = []
+    for n in graph.nodes:
+        if n.is_variable:
+            nodes.append({"op": "null", "name": n.name, "inputs": []})
+            continue
+        node = {"op": n.op, "name": n.name, "inputs": [
+            [s, k, 1 if graph.nodes[s].kind == AUX else 0] for s, k in n.inputs]}
+        if n.attrs:
+            node["attrs"] = n.attrs
+        nodes.append(node)
+    data = {"nodes": nodes,
+            "arg_nodes": [n.id for n in graph.nodes if n.is_variable],
+            "heads": [[s, k, 0] for s, k in graph.heads],
+            "attrs": {"mxnet_version": ["int", 10901]}}
+    return json.dumps(data, sort_keys=True)
 
 
 # ----------------------------------------------------------------- schedules
@@ -419,17 +444,14 @@ class SegmentPlan:
 
 def template_memory(sg: Segments) -> tuple[dict[str, int], dict[str, list[int]]]:
     """Simulated MXNet planned bytes and block sizes of every template's training graph."""
-    from . import mxnet_adapter
-
     totals, blocks = {}, {}
-    seen = {}
     for seg in sg.segments:
-        if seg.key in seen:
+        if seg.key in totals:
             continue
-        seen[seg.key] = True
-        g = mxnet_adapter.load_graph(seg.json, sg.slot_shapes[seg.key],
-                                     type_dict=sg.slot_types[seg.key],
-                                     grad_req=sg.slot_req[seg.key])
+        g = seg.graph
+        if g.templates is None:
+            raise ValueError("the graph has no template source: load it with the adapter")
+        g.templates(g)
         res = memory.simulate(training_graph.build(g, set()))
         totals[seg.key] = res.total_bytes
         blocks[seg.key] = list(res.block_bytes)

@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import memory, training_graph
+from .analysis import node_bytes
 from .errors import PlanError
 from .plan import Plan
-from .planners.common import node_bytes, op_order
+from .training_graph import TrainingGraph
 
 ROLES = ("checkpoint", "recomputed", "kept")
 STYLE = {
@@ -55,7 +56,7 @@ def node_roles(plan: Plan) -> dict[int, str]:
     ckpt = set(plan.checkpoints)
     roles = {}
     for n in plan.graph.op_nodes:
-        if n.id in plan.mirror_ids:
+        if n.id in plan.recomputed_ids:
             roles[n.id] = "recomputed"
         elif n.name in ckpt:
             roles[n.id] = "checkpoint"
@@ -73,16 +74,12 @@ def segments(plan: Plan) -> dict[int, int]:
     second half of a c/h pair) joins the one before it. A plan without
     checkpoints is one segment.
     """
-    order = op_order(plan.graph)
-    pos = {n.id: i for i, n in enumerate(order)}
+    a = plan.analysis
+    order = a.order
     ckpt_names = set(plan.checkpoints)
     ckpt = {n.id for n in order if n.name in ckpt_names}
     heads = {h[0] for h in plan.graph.heads}
-    last = {n.id: pos[n.id] for n in order}
-    for n in order:
-        for src, _ in n.inputs:
-            if src in pos:
-                last[src] = max(last[src], pos[n.id])
+    last = a.last_use
     ends: dict[int, list[int]] = {}
     live = 0
     live_other = 0  # crossing values that are not checkpoints
@@ -220,7 +217,7 @@ def _attrs(d: dict[str, str]) -> str:
 def build_groups(plan: Plan, collapse: str | Callable[[str], str] | None = None
                  ) -> tuple[list[Group], dict[int, int]]:
     """The boxes to draw (in forward order) and node id -> box index."""
-    order = op_order(plan.graph)
+    order = plan.analysis.order
     roles = node_roles(plan)
     seg = segments(plan)
     keys = _group_keys([n.name for n in order], collapse)
@@ -254,7 +251,7 @@ def _legend(plan: Plan, nseg: int, collapse) -> list[str]:
     title = (f"policy={plan.policy}   baseline={plan.baseline_mb:.0f} MB   "
              f"planned={plan.planned_mb:.0f} MB ({-saved:+.0%})   "
              f"recompute={plan.recompute_ratio:.2f}x extra forward")
-    sub = (f"{len(plan.mirror_ids)} of {n_ops} op nodes recomputed, "
+    sub = (f"{len(plan.recomputed_ids)} of {n_ops} op nodes recomputed, "
            f"{len(plan.checkpoints)} checkpoints, {nseg} segment{'s' * (nseg != 1)}"
            + (f"; collapsed by {collapse if isinstance(collapse, str) else 'key'}"
               if collapse not in (None, "none", False) else "")
@@ -421,9 +418,8 @@ class Timeline:
     recompute_at: list[int]  # indices of mirror (recompute) nodes
 
 
-def timeline(graph, mirror_ids: set[int]) -> Timeline:
-    """Simulate `sharing` for a mirror set and keep the live-bytes curve."""
-    tg = training_graph.build(graph, set(mirror_ids))
+def timeline(tg: TrainingGraph) -> Timeline:
+    """Simulate `sharing` on a training graph and keep the live-bytes curve."""
     sim = memory.simulate(tg, "sharing", timeline=True)
     live, bwd, rec = [], None, []
     for t, b in zip(tg.nodes, sim.timeline):
@@ -441,12 +437,12 @@ def timeline_data(plan: Plan) -> dict[str, Timeline | None]:
     """{'sharing': no plan, 'plan': the plan}.
 
     A segmented plan (several recomputations per node, run by the segmented
-    executor) has no single MXNet schedule to replay: its 'plan' is None and
+    executor) has no single MXNet training graph to replay: its 'plan' is None and
     only its planned total is known.
     """
-    segmented = getattr(plan, "segmented", None) is not None
-    return {"sharing": timeline(plan.graph, set()),
-            "plan": None if segmented else timeline(plan.graph, plan.mirror_ids)}
+    planned = plan.training_graph()
+    return {"sharing": timeline(training_graph.build(plan.graph, set())),
+            "plan": None if planned is None else timeline(planned)}
 
 
 def plot_timeline(plan: Plan, path: str | Path, title: str | None = None) -> Path:

@@ -106,7 +106,8 @@ def memory_row(sym: mx.sym.Symbol, shapes: dict, with_optimal: bool, label: dict
                binds: ThreadPoolExecutor | None, bar: tqdm) -> dict:
     """Simulated MB for every strategy and policy; MXNet's binds queued on `binds`."""
     t0 = time.perf_counter()
-    graph, source = api.prepare(sym, **shapes)
+    prep = api.prepare(sym, **shapes)
+    graph = prep.analysis.graph
     row = dict(label)
     row["nodes"] = len(graph.op_nodes)
     tg = training_graph.build(graph, set())
@@ -118,7 +119,7 @@ def memory_row(sym: mx.sym.Symbol, shapes: dict, with_optimal: bool, label: dict
             row[pol] = None
             continue
         bar.set_postfix_str(f"{label} {pol}")
-        p = api.plan_graph(graph, source, pol)
+        p = prep.plan(pol)
         row[pol] = p.planned_mb
         row[f"{pol}_recompute"] = p.recompute_ratio
         row[f"{pol}_plan_s"] = p.plan_seconds

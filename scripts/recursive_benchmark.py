@@ -64,19 +64,18 @@ def shapes_for(batch: int) -> dict:
 # ------------------------------------------------------------------ depth
 def predict_depth(k: int, batch: int, with_sqrt: bool) -> dict:
     from mxmirror.api import prepare
-    from mxmirror.planners import make_plan
 
-    graph, _ = prepare(chain_symbol(2**k), **shapes_for(batch))
+    prep = prepare(chain_symbol(2**k), **shapes_for(batch))
     row = {"k": k, "blocks": 2**k}
     for policy in ("none", "sqrt", "recursive") if with_sqrt else ("none", "recursive"):
-        p = make_plan(graph, policy)
+        p = prep.plan(policy)
         row[f"{policy}_mb"] = round(p.planned_bytes / MB, 1)
         row[f"{policy}_ratio"] = round(p.recompute_ratio, 3)
         row[f"{policy}_seconds"] = round(p.plan_seconds, 1)
-        if p.segmented is not None:
-            row["segments"] = p.segmented.segments.m
-            row["kept_mb"] = round(p.segmented.dry.peak_bytes / MB, 1)
-            row["pool_mb"] = round(p.segmented.pool_bytes / MB, 1)
+        if p.execution.kind == "segmented":
+            row["segments"] = p.execution.segment_plan.segments.m
+            row["kept_mb"] = round(p.execution.segment_plan.dry.peak_bytes / MB, 1)
+            row["pool_mb"] = round(p.execution.segment_plan.pool_bytes / MB, 1)
     return row
 
 
@@ -119,7 +118,7 @@ def child_step(k: int, batch: int, policy: str) -> None:
     if flops is not None:
         from mxmirror.api import prepare
 
-        graph, _ = prepare(sym, **shapes)
+        graph = prepare(sym, **shapes).analysis.graph
         out["measured_recompute"] = round(flops / 2 / graph.forward_flops - 1, 3)
     print("RESULT " + json.dumps(out))
 
@@ -187,27 +186,26 @@ def cmd_depth(args) -> None:
 
 
 # ------------------------------------------------------------------ ResNet-1001
-def resnet1001_graph():
+def resnet1001_prepared():
     from mxmirror.api import prepare
     from symbols.resnet import resnet_by_depth
 
     sym = resnet_by_depth(1001, image_shape=(3, 224, 224))
-    return prepare(sym, data=(32, 3, 224, 224), softmax_label=(32,))[0]
+    return prepare(sym, data=(32, 3, 224, 224), softmax_label=(32,))
 
 
-def lstm_graph():
+def lstm_prepared():
     from mxmirror.api import prepare
     from symbols.lstm import input_shapes, paper_lstm
 
-    return prepare(paper_lstm(200), **input_shapes(200, 64))[0]
+    return prepare(paper_lstm(200), **input_shapes(200, 64))
 
 
 def cmd_resnet1001(args) -> None:
-    from mxmirror.planners import make_plan
 
-    graph = resnet1001_graph()
+    prep = resnet1001_prepared()
     for policy in ("none", "sqrt", "recursive"):
-        p = make_plan(graph, policy)
+        p = prep.plan(policy)
         extra = p.to_dict().get("segmented", "")
         print(f"ResNet-1001 batch 32: {policy:9s} planned {p.planned_mb:8.0f} MB  "
               f"recompute {p.recompute_ratio:5.2f}  ({p.plan_seconds:.0f} s) {extra}",
@@ -215,28 +213,27 @@ def cmd_resnet1001(args) -> None:
 
 
 # ------------------------------------------------------------------ trade-off
-def tradeoff(name: str, graph, max_segments: int) -> dict:
-    from mxmirror.planners import make_plan, multilevel
-    from mxmirror.planners.common import score, segment_mirror
-    from mxmirror.planners.sqrt import candidates
+def tradeoff(name: str, prep, max_segments: int) -> dict:
+    from mxmirror.planners import dp as multilevel_dp
+    from mxmirror.planners.common import candidates, segment_mirror
 
+    a = prep.analysis
     t = time.perf_counter()
-    dp = [(b, r) for b, r, _ in multilevel.curve(graph, max_segments=max_segments)]
+    dp = [(b, r) for b, r, _ in multilevel_dp.curve(a, max_segments=max_segments)]
     dp_seconds = time.perf_counter() - t
     one = []
-    base = score(graph, set())
+    base = a.baseline
     one.append(("none", base.planned_bytes, 0.0))
     for policy in ("cheap", "sqrt"):
-        p = make_plan(graph, policy)
+        p = prep.plan(policy)
         one.append((policy, p.planned_bytes, p.recompute_ratio))
-    order, _, blockers, cands = candidates(graph, steps=9, spread=8.0)
-    for b, chosen, mirror in cands:
-        s = score(graph, mirror)
+    for c in candidates(a, steps=9, spread=8.0):
+        b = c.budget
+        s = a.score(c.mirror)
         one.append((f"segments B={b / MB:.0f}MB", s.planned_bytes, s.recompute_ratio))
-        m = segment_mirror(graph, order, chosen, blockers, only_cheap=True)
-        s = score(graph, m)
+        s = a.score(segment_mirror(a, c.cuts, only_cheap=True))
         one.append((f"cheap segments B={b / MB:.0f}MB", s.planned_bytes, s.recompute_ratio))
-    rec = make_plan(graph, "recursive")
+    rec = prep.plan("recursive")
     return {"name": name, "dp": dp, "one": one, "dp_seconds": dp_seconds,
             "recursive": (rec.planned_bytes, rec.recompute_ratio),
             "sqrt": [o for o in one if o[0] == "sqrt"][0][1:]}
@@ -311,16 +308,16 @@ def cmd_tradeoff(args) -> None:
 
         g = prepare(resnet_by_depth(56, bottleneck=False, num_classes=10,
                                     image_shape=(3, 32, 32)),
-                    data=(32, 3, 32, 32), softmax_label=(32,))[0]
+                    data=(32, 3, 32, 32), softmax_label=(32,))
         results.append(tradeoff("ResNet-56 (CIFAR, batch 32)", g, 120))
         g = prepare(paper_lstm(20, num_layers=2, num_hidden=256, num_embed=256),
-                    **input_shapes(20, 32, num_layers=2, num_hidden=256))[0]
+                    **input_shapes(20, 32, num_layers=2, num_hidden=256))
         results.append(tradeoff("LSTM 2x256, 20 steps, batch 32", g, 120))
     else:
         results.append(tradeoff("ResNet-1001 (bottleneck, batch 32, 224x224)",
-                                resnet1001_graph(), 400))
+                                resnet1001_prepared(), 400))
         print("resnet done", flush=True)
-        results.append(tradeoff("LSTM 4x1024, 200 steps, batch 64", lstm_graph(), 240))
+        results.append(tradeoff("LSTM 4x1024, 200 steps, batch 64", lstm_prepared(), 240))
     write_tradeoff(results, Path(args.out))
 
 

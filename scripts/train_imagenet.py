@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
               "softmax_label": (args.batch_size,)}
     plan = mxmirror.plan(sym, args.mirror, budget=args.budget, **shapes)
     print(f"plan: {plan.policy}: predicted {plan.planned_mb:.0f} MB planned intermediates "
-          f"(unplanned {plan.baseline_mb:.0f} MB), {len(plan.mirror_ids)} nodes recomputed, "
+          f"(unplanned {plan.baseline_mb:.0f} MB), {len(plan.recomputed_ids)} nodes recomputed, "
           f"recompute ratio {plan.recompute_ratio:.2f}, planned in {plan.plan_seconds:.1f} s",
           flush=True)
 

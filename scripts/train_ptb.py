@@ -151,7 +151,7 @@ class Planned:
 
     policy: str
     symbol: mx.sym.Symbol
-    mirror_ids: set[int]
+    recomputed_ids: set[int]
     planned_mb: float
     baseline_mb: float
 
@@ -165,9 +165,9 @@ def plan_symbol(sym: mx.sym.Symbol, policy: str, budget, shape: tuple) -> Planne
     """mxmirror's plan of ``sym``, minus KEEP_OPS, re-simulated as MXNet will run it."""
     p = mxmirror.plan(sym, policy, budget=budget, data=shape, softmax_label=shape)
     ops = {n.id: n.op for n in p.graph.nodes}
-    ids = {i for i in p.mirror_ids if ops.get(i) not in KEEP_OPS}
+    ids = {i for i in p.recomputed_ids if ops.get(i) not in KEEP_OPS}
     planned = p.planned_bytes
-    if ids != p.mirror_ids:
+    if ids != p.recomputed_ids:
         planned = memory.simulate(training_graph.build(p.graph, ids), "sharing").total_bytes
     return Planned(p.policy, mx.sym.load_json(annotate_json(p.source_json, ids)), ids,
                    planned / 2**20, p.baseline_mb)
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     default = sym_gen.plans[train.default_bucket_key]
     print(f"vocab {len(vocab)}, plan {default.policy} for length {train.default_bucket_key}: "
           f"predicted {default.planned_mb:.1f} MB (unplanned {default.baseline_mb:.1f} MB), "
-          f"{len(default.mirror_ids)} nodes recomputed", flush=True)
+          f"{len(default.recomputed_ids)} nodes recomputed", flush=True)
     mxnet_mb = mxnet_planned_mb(mod)
 
     records = []

@@ -10,16 +10,9 @@ import mxmirror
 from mxmirror import ops, training_graph
 from mxmirror.api import prepare
 from mxmirror.mxnet_adapter import mxnet_mb
-from mxmirror.plan import Plan
-from mxmirror.planners import make_plan, optimal
-from mxmirror.planners.common import (
-    find_cuts,
-    greedy_cuts,
-    mirror_blockers,
-    op_order,
-    score,
-    segment_mirror,
-)
+from mxmirror.plan import annotate_json
+from mxmirror.planners import search
+from mxmirror.planners.common import greedy_cuts, segment_mirror
 from symbols import lstm
 from symbols.resnet import resnet, resnet_by_depth
 
@@ -39,7 +32,7 @@ def test_ops_that_must_write_are_mirrored_only_when_read(policy: str) -> None:
     """An unread copy is asked to write nothing; Embedding (and others off MKLDNN) refuse."""
     sym, shapes = _embedding_lm()
     p = mxmirror.plan(sym, policy=policy, **shapes)
-    tg = training_graph.build(p.graph, p.mirror_ids)
+    tg = training_graph.build(p.graph, p.recomputed_ids)
     read = {id(src) for t in tg.nodes for src, _ in t.inputs}
     unread = [t.name for t in tg.nodes if t.role == "mirror" and id(t) not in read
               and p.graph.nodes[t.fwd].op in ops.MUST_WRITE]
@@ -56,14 +49,14 @@ def test_ops_that_must_write_are_mirrored_only_when_read(policy: str) -> None:
 
 def test_unread_copies_of_cheap_ops_are_kept_when_they_save_memory() -> None:
     """A copy nobody reads still lets its node's backward read recomputed inputs."""
-    graph, _ = prepare(lstm.paper_lstm(12, num_hidden=256, num_embed=256),
+    prep = prepare(lstm.paper_lstm(12, num_hidden=256, num_embed=256),
                        **lstm.input_shapes(12, 32, num_hidden=256))
-    p = make_plan(graph, "cheap")
-    tg = training_graph.build(graph, p.mirror_ids)
+    p = prep.plan("cheap")
+    tg = training_graph.build(prep.analysis.graph, p.recomputed_ids)
     read = {id(src) for t in tg.nodes for src, _ in t.inputs}
     unread = {t.fwd for t in tg.nodes if t.role == "mirror" and id(t) not in read}
     assert unread, "the cheap LSTM plan has no unread copies: this test checks nothing"
-    without = score(graph, p.mirror_ids - unread)
+    without = prep.analysis.score(p.recomputed_ids - unread)
     assert p.planned_bytes < p.baseline_bytes
     assert p.planned_bytes <= without.planned_bytes
 
@@ -77,13 +70,13 @@ def test_budget_below_one_recomputation_falls_back_to_the_multilevel_executor() 
     sym = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(x, num_hidden=10, name="out"),
                                name="softmax")
     shapes = dict(data=(128, 256), softmax_label=(128,))
-    graph, source = prepare(sym, **shapes)
-    one_recompute = make_plan(graph, "optimal")
-    deepest = make_plan(graph, "recursive")
+    prep = prepare(sym, **shapes)
+    one_recompute = prep.plan("optimal")
+    deepest = prep.plan("recursive")
     assert deepest.planned_bytes < one_recompute.planned_bytes, "no room below one recompute"
     budget = (one_recompute.planned_bytes + deepest.planned_bytes) // 2
     p = mxmirror.plan(sym, policy="budget", budget=budget, **shapes)
-    assert p.segmented is not None
+    assert p.execution.kind == "segmented"
     assert p.planned_bytes <= budget
     assert p.recompute_ratio > one_recompute.recompute_ratio
 
@@ -110,15 +103,15 @@ def test_budget_below_one_recomputation_falls_back_to_the_multilevel_executor() 
 def test_budget_at_the_sqrt_figure_needs_no_segmented_executor(net: str) -> None:
     """Whatever sqrt reaches with one recomputation per node, budget reaches without more."""
     if net == "lstm":
-        graph, _ = prepare(lstm.paper_lstm(8, num_hidden=64, num_embed=64),
+        prep = prepare(lstm.paper_lstm(8, num_hidden=64, num_embed=64),
                            **lstm.input_shapes(8, 16, num_hidden=64))
     else:
-        graph, _ = prepare(resnet_by_depth(20, bottleneck=False, num_classes=10,
+        prep = prepare(resnet_by_depth(20, bottleneck=False, num_classes=10,
                                            image_shape=(3, 32, 32)),
                            data=(16, 3, 32, 32))
-    sq = make_plan(graph, "sqrt")
-    p = make_plan(graph, "budget", sq.planned_bytes)
-    assert p.segmented is None
+    sq = prep.plan("sqrt")
+    p = prep.plan("budget", sq.planned_bytes)
+    assert p.execution.kind == "mirror"
     assert p.planned_bytes <= sq.planned_bytes
     assert p.recompute_ratio <= sq.recompute_ratio + 1e-9
 
@@ -128,18 +121,20 @@ def test_a_cut_costs_its_values_and_the_inputs_their_backward_pins() -> None:
     the LSTM step cut {c, h} (two values cross) holds four tensors; a residual sum's backward
     reads nothing."""
     batch, hidden = 4, 16
-    graph, _ = prepare(lstm.paper_lstm(3, num_layers=1, num_hidden=hidden, num_embed=hidden),
+    prep = prepare(lstm.paper_lstm(3, num_layers=1, num_hidden=hidden, num_embed=hidden),
                        **lstm.input_shapes(3, batch, num_layers=1, num_hidden=hidden))
-    step = {frozenset(graph.nodes[i].name for i in c.keep): c for c in find_cuts(graph)}
+    graph = prep.analysis.graph
+    step = {frozenset(graph.nodes[i].name for i in c.keep): c for c in prep.analysis.cuts}
     cut = step[frozenset({"t1_l0_c", "t1_l0_h"})]
-    assert (cut.bytes, cut.held) == (2 * batch * hidden * 4, 4 * batch * hidden * 4)
+    assert (cut.bytes, cut.pinned) == (2 * batch * hidden * 4, 4 * batch * hidden * 4)
 
-    graph, _ = prepare(resnet([2, 2, 2], bottleneck=False, num_classes=10,
+    prep = prepare(resnet([2, 2, 2], bottleneck=False, num_classes=10,
                               image_shape=(3, 8, 8)), data=(2, 3, 8, 8), softmax_label=(2,))
-    sums = [c for c in find_cuts(graph)
+    graph = prep.analysis.graph
+    sums = [c for c in prep.analysis.cuts
             if [graph.nodes[i].name for i in c.keep] == ["stage1_unit1_sum"]]
     assert len(sums) == 1
-    assert sums[0].bytes == sums[0].held == 2 * 16 * 8 * 8 * 4
+    assert sums[0].bytes == sums[0].pinned == 2 * 16 * 8 * 8 * 4
 
 
 def test_the_taper_search_improves_a_flat_plan_and_mxnet_allocates_its_prediction() -> None:
@@ -148,17 +143,16 @@ def test_the_taper_search_improves_a_flat_plan_and_mxnet_allocates_its_predictio
     allocates."""
     sym = resnet([26, 26, 26], bottleneck=False, num_classes=10, image_shape=(3, 32, 32))
     shapes = dict(data=(16, 3, 32, 32), softmax_label=(16,))
-    graph, source = prepare(sym, **shapes)
-    order, cuts, blockers = op_order(graph), find_cuts(graph), mirror_blockers(graph)
+    prep = prepare(sym, **shapes)
+    a = prep.analysis
 
     def evaluate(chosen):
-        mirror = segment_mirror(graph, order, chosen, blockers)
-        return score(graph, mirror), mirror
+        mirror = segment_mirror(a, chosen)
+        return a.score(mirror), mirror
 
-    start = greedy_cuts(order, cuts, 6 * max(c.bytes for c in cuts))
+    start = greedy_cuts(a, 6 * max(c.bytes for c in a.cuts))
     flat, mirror = evaluate(start)
-    got, _, _ = optimal._taper_search(evaluate, cuts, flat, mirror, start)
+    got, _, _ = search._taper_search(evaluate, a.cuts, flat, mirror, start)
     assert got.planned_bytes < flat.planned_bytes
-    plan = Plan("optimal", graph, set(got.mirror), [], 0, got.planned_bytes, 0.0,
-                source_json=source)
-    assert mxnet_mb(plan.symbol, shapes, grad_req="write") == got.planned_bytes // 2**20
+    planned = annotate_json(prep.source_json, got.mirror)
+    assert mxnet_mb(planned, shapes, grad_req="write") == got.planned_bytes // 2**20

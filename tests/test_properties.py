@@ -101,22 +101,21 @@ def shapes_for(sym, batch: int, hidden: int) -> dict[str, tuple]:
 
 def plan_all(sym, shapes):
     """cheap, sqrt, optimal, and budget at a budget the cheap plan shows is reachable."""
-    graph, source = api.prepare(sym, **shapes)
-    plans = {p: api.plan_graph(graph, source, p) for p in ("cheap", "sqrt",
-                                                                     "optimal")}
+    prep = api.prepare(sym, **shapes)
+    plans = {p: prep.plan(p) for p in ("cheap", "sqrt", "optimal")}
     budget = plans["cheap"].planned_bytes
-    plans["budget"] = api.plan_graph(graph, source, "budget", budget)
-    return graph, plans, budget
+    plans["budget"] = prep.plan("budget", budget)
+    return prep.analysis.graph, plans, budget
 
 
 def check_plan(policy, plan, graph, budget) -> None:
     by_id = {n.id: n for n in graph.nodes}
-    assert all(not by_id[i].is_variable for i in plan.mirror_ids), policy
+    assert all(not by_id[i].is_variable for i in plan.recomputed_ids), policy
     assert plan.planned_bytes <= plan.baseline_bytes, policy
-    assert not any(ops.is_random(by_id[i].op) for i in plan.mirror_ids), policy
+    assert not any(ops.is_random(by_id[i].op) for i in plan.recomputed_ids), policy
     assert 0.0 <= plan.recompute_ratio <= RECOMPUTE_BOUND, (policy, plan.recompute_ratio)
     if policy == "cheap":
-        assert all(ops.is_cheap(by_id[i].op) for i in plan.mirror_ids)
+        assert all(ops.is_cheap(by_id[i].op) for i in plan.recomputed_ids)
     if policy == "budget":
         assert plan.planned_bytes <= budget
     # the symbol carries exactly the plan
@@ -208,7 +207,7 @@ def test_planned_gradients_equal_unplanned(net) -> None:
     base, base_aux = _grads(sym, shapes)
     _, plans, _ = plan_all(sym, shapes)
     for policy, p in plans.items():
-        if not p.mirror_ids:
+        if not p.recomputed_ids:
             continue
         _count("planned binds compared (gradients)")
         got, got_aux = _grads(p.symbol, shapes)

@@ -26,8 +26,9 @@ import pytest
 import mxmirror
 from mxmirror.api import prepare
 from mxmirror.errors import PlanError
-from mxmirror.planners import make_plan, multilevel
 from mxmirror.executor import SegmentedExecutor
+from mxmirror.planners import dp
+from mxmirror.planners.common import segment_chain
 from mxmirror.segments import (
     binary_tree,
     dry_run,
@@ -63,15 +64,13 @@ def _lstm():
 @pytest.fixture(scope="module")
 def resnet():
     sym, shapes = _resnet()
-    graph, _ = prepare(sym, **shapes)
-    return sym, shapes, graph
+    return sym, shapes, prepare(sym, **shapes)
 
 
 @pytest.fixture(scope="module")
 def lstm():
     sym, shapes = _lstm()
-    graph, _ = prepare(sym, **shapes)
-    return sym, shapes, graph
+    return sym, shapes, prepare(sym, **shapes)
 
 
 def _fill(ref, ex, seed=0):
@@ -122,27 +121,31 @@ def _train_and_compare(sym, shapes, sp):
 
 # ------------------------------------------------------------ equality with MXNet
 def test_resnet_recursive_equals_unplanned(resnet) -> None:
-    sym, shapes, graph = resnet
-    p = make_plan(graph, "recursive")
-    assert p.segmented is not None and max(p.segmented.dry.runs) >= 3  # several reruns
-    ex = _train_and_compare(sym, shapes, p.segmented)
+    sym, shapes, prep = resnet
+    p = prep.plan("recursive")
+    assert p.execution.kind == "segmented"
+    sp = p.execution.segment_plan
+    assert max(sp.dry.runs) >= 3  # several reruns
+    ex = _train_and_compare(sym, shapes, sp)
     assert ex.aux_dict  # BatchNorm statistics were compared
-    assert ex.peak_kept_bytes == p.segmented.dry.peak_bytes  # the dry run is what happens
+    assert ex.peak_kept_bytes == sp.dry.peak_bytes  # the dry run is what happens
 
 
 def test_lstm_dropout_recursive_equals_unplanned(lstm) -> None:
-    sym, shapes, graph = lstm
-    p = make_plan(graph, "recursive")
-    sg = p.segmented.segments
-    assert sg.dropouts and len(p.segmented.template_bytes) < sg.m  # steps share executors
-    _train_and_compare(sym, shapes, p.segmented)
+    sym, shapes, prep = lstm
+    p = prep.plan("recursive")
+    sp = p.execution.segment_plan
+    sg = sp.segments
+    assert sg.dropouts and len(sp.template_bytes) < sg.m  # steps share executors
+    _train_and_compare(sym, shapes, sp)
 
 
 def test_lstm_store_all_and_tightest_dp_schedules(lstm) -> None:
-    sym, shapes, graph = lstm
-    sg, sp = multilevel.chain(graph)
+    sym, shapes, prep = lstm
+    sp = segment_chain(prep.analysis)
+    sg, graph = sp.segments, prep.analysis.graph
     mem = (sp.template_bytes, sp.template_blocks)
-    table = multilevel.table_for(sp, sum(sg.state_bytes(i) for i in range(sg.m + 1)))
+    table = dp.table_for(sp, sum(sg.state_bytes(i) for i in range(sg.m + 1)))
     tight = make_segment_plan(graph, sg.cuts, table.tree(table.min_level()), sg=sg, mem=mem)
     assert max(tight.dry.runs) > max(sp.dry.runs)  # less memory, more reruns
     _train_and_compare(sym, shapes, tight)
@@ -151,8 +154,8 @@ def test_lstm_store_all_and_tightest_dp_schedules(lstm) -> None:
 
 
 def test_inference_forward_and_interface(resnet) -> None:
-    sym, shapes, graph = resnet
-    p = make_plan(graph, "recursive")
+    sym, shapes, prep = resnet
+    p = prep.plan("recursive")
     ref = sym.simple_bind(mx.cpu(), grad_req="null", **shapes)
     ex = mxmirror.simple_bind(sym, mx.cpu(), policy="recursive", **shapes)
     assert isinstance(ex, SegmentedExecutor)
@@ -210,7 +213,7 @@ def test_dp_matches_known_costs() -> None:
     m = 8
     f = [1.0] * m
     states = [0] + [1] * m
-    table = multilevel.Table(f, states, unit=1.0, levels=m + 2)
+    table = dp.Table(f, states, unit=1.0, levels=m + 2)
     # memory for every state: each segment reruns once, the last one not
     assert table.best(m + 2) == m + (m - 1)
     # no spare memory: the tree must recompute from the start every time
@@ -222,8 +225,9 @@ def test_dp_matches_known_costs() -> None:
 
 
 def test_dry_run_recursive_vs_store_all(resnet) -> None:
-    _, _, graph = resnet
-    sg, sp = multilevel.chain(graph)
+    _, _, prep = resnet
+    sp = segment_chain(prep.analysis)
+    sg = sp.segments
     everything = dry_run(sg, store_all_tree(sg.m))
     assert max(everything.runs) == 2 and everything.runs[-1] == 1
     assert sp.dry.peak_state_bytes < everything.peak_state_bytes
@@ -233,16 +237,16 @@ def test_dry_run_recursive_vs_store_all(resnet) -> None:
 def test_template_bytes_match_mxnet(resnet) -> None:
     sym, _, _ = resnet
     shapes = {"data": (16, 3, 32, 32), "softmax_label": (16,)}
-    graph, _ = prepare(sym, **shapes)
-    p = make_plan(graph, "recursive")
-    ex = SegmentedExecutor(sym, mx.cpu(), p.segmented)
+    prep = prepare(sym, **shapes)
+    p = prep.plan("recursive")
+    ex = SegmentedExecutor(sym, mx.cpu(), p.execution.segment_plan)
     checked = 0
     for key, e in ex.executors.items():
         mb = int(re.search(r"Total (\d+) MB allocated", e.debug_str()).group(1))
-        assert abs(p.segmented.template_bytes[key] / 2**20 - mb) <= 1.0
+        assert abs(p.execution.segment_plan.template_bytes[key] / 2**20 - mb) <= 1.0
         checked += mb > 0
     assert checked >= 3
-    sp = p.segmented
+    sp = p.execution.segment_plan
     assert max(sp.template_bytes.values()) <= sp.pool_bytes <= sum(sp.template_bytes.values())
     assert sp.pool_bytes == sum(pool_blocks(sp.template_blocks))
     assert p.planned_bytes == sp.planned_bytes < p.baseline_bytes
@@ -250,19 +254,19 @@ def test_template_bytes_match_mxnet(resnet) -> None:
 
 # ------------------------------------------------------------ entry points
 def test_budget_falls_back_to_multilevel(resnet) -> None:
-    sym, shapes, graph = resnet
-    rec = make_plan(graph, "recursive")
-    sq = make_plan(graph, "sqrt")
+    sym, shapes, prep = resnet
+    rec = prep.plan("recursive")
+    sq = prep.plan("sqrt")
     with pytest.raises(PlanError, match="several recomputations"):
-        make_plan(graph, "budget", 1024)
+        prep.plan("budget", 1024)
     budget = int(min(sq.planned_bytes, rec.planned_bytes * 1.2))
     if budget >= sq.planned_bytes:
         pytest.skip("sqrt already under the recursive figure on this small net")
-    p = make_plan(graph, "budget", budget)
-    assert p.segmented is not None and p.planned_bytes <= budget
+    p = prep.plan("budget", budget)
+    assert p.execution.kind == "segmented" and p.planned_bytes <= budget
     assert p.recompute_ratio <= rec.recompute_ratio + 1e-9
     with pytest.raises(PlanError, match="MB"):
-        make_plan(graph, "budget", 1024)
+        prep.plan("budget", 1024)
 
 
 def test_module_enabled_recursive_identical() -> None:
@@ -301,10 +305,10 @@ def test_mxmirror_run_recursive(tmp_path) -> None:
         import mxnet as mx, numpy as np, sys
         sys.path.insert(0, %r)
         from symbols.resnet import resnet_by_depth
-        sym = resnet_by_depth(8, bottleneck=False, num_classes=10, image_shape=(3, 32, 32))
-        x = np.random.uniform(-1, 1, (8, 3, 32, 32)).astype(np.float32)
-        y = np.random.randint(0, 10, 8).astype(np.float32)
-        it = mx.io.NDArrayIter(x, y, batch_size=4, label_name="softmax_label")
+        sym = resnet_by_depth(20, bottleneck=False, num_classes=10, image_shape=(3, 32, 32))
+        x = np.random.uniform(-1, 1, (32, 3, 32, 32)).astype(np.float32)
+        y = np.random.randint(0, 10, 32).astype(np.float32)
+        it = mx.io.NDArrayIter(x, y, batch_size=16, label_name="softmax_label")
         mod = mx.mod.Module(sym, context=mx.cpu())
         mod.fit(it, num_epoch=1, optimizer_params={"learning_rate": 0.1})
         print("EXECUTOR", type(mod._exec_group.execs[0]).__name__)

@@ -16,7 +16,7 @@ import mxnet as mx
 import pytest
 
 from mxmirror import cli, viz
-from mxmirror.api import plan_graph, prepare
+from mxmirror.api import prepare
 from mxmirror.errors import PlanError
 
 HAS_DOT = shutil.which("dot") is not None
@@ -64,14 +64,14 @@ def graph_source():
 
 @pytest.fixture(scope="module")
 def sqrt_plan(graph_source):
-    p = plan_graph(*graph_source, "sqrt")
-    assert p.checkpoints and p.mirror_ids, "the test graph should give a real plan"
+    p = graph_source.plan("sqrt")
+    assert p.checkpoints and p.recomputed_ids, "the test graph should give a real plan"
     return p
 
 
 @pytest.fixture(scope="module")
 def cheap_plan(graph_source):
-    return plan_graph(*graph_source, "cheap")
+    return graph_source.plan("cheap")
 
 
 def test_roles_styles_and_labels(sqrt_plan):
@@ -80,7 +80,7 @@ def test_roles_styles_and_labels(sqrt_plan):
     assert len(nodes) == len(sqrt_plan.graph.op_nodes)
     for n in sqrt_plan.graph.op_nodes:
         a = by_name[n.name]
-        if n.id in sqrt_plan.mirror_ids:
+        if n.id in sqrt_plan.recomputed_ids:
             assert a["class"] == "recomputed"
             assert "dashed" in a["style"]
         elif n.name in sqrt_plan.checkpoints:
@@ -156,7 +156,7 @@ def test_block_keys():
 
 
 def test_deterministic(graph_source, sqrt_plan):
-    again = plan_graph(*graph_source, "sqrt")
+    again = graph_source.plan("sqrt")
     for collapse in (None, "block", "segment"):
         assert viz.to_dot(sqrt_plan, collapse) == viz.to_dot(sqrt_plan, collapse)
         assert viz.to_dot(again, collapse) == viz.to_dot(sqrt_plan, collapse)
@@ -204,8 +204,8 @@ def test_timeline_data(sqrt_plan):
     assert max(base.live) <= base.total_bytes and max(planned.live) <= planned.total_bytes
     n_fwd = len(sqrt_plan.graph.op_nodes)
     assert base.backward_start == planned.backward_start == n_fwd
-    assert len(planned.recompute_at) == len(sqrt_plan.mirror_ids)
-    assert len(planned.live) == len(base.live) + len(sqrt_plan.mirror_ids)
+    assert len(planned.recompute_at) == len(sqrt_plan.recomputed_ids)
+    assert len(planned.live) == len(base.live) + len(sqrt_plan.recomputed_ids)
     assert all(i >= n_fwd for i in planned.recompute_at)
 
 
@@ -254,7 +254,7 @@ def test_segmented_plan_draws(graph_source, tmp_path):
 
     if "recursive" not in POLICIES:
         pytest.skip("no recursive policy")
-    p = plan_graph(*graph_source, "recursive")
+    p = graph_source.plan("recursive")
     nodes, _ = parse_dot(viz.to_dot(p))
     assert any(a["class"] == "recomputed" for a in nodes.values())
     data = viz.timeline_data(p)

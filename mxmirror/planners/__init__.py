@@ -1,39 +1,92 @@
-"""Planning policies, by name. Each takes a Graph and returns a Plan, scored by the simulator."""
+"""The policies by name, and the one place a Plan is made.
+
+Each strategy takes an Analysis and a budget and returns a ``Choice``; this
+registry validates the policy and budget (for the API, the bind hook and the
+CLI alike), runs the strategy, keeps it from ever being worse than no plan,
+times it and builds the ``Plan``.
+"""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
+from typing import Any
 
+from ..analysis import Analysis
 from ..errors import PlanError
-from ..graph import Graph
-from ..plan import Plan
-from . import budget, cheap, multilevel, none, optimal, recursive, sqrt
+from ..plan import BindInputs, MirrorExecution, Plan, SegmentedExecution
+from . import budget, cheap, multilevel, none, recursive, search, sqrt
+from .common import Choice
 
-POLICIES: dict[str, Callable[..., Plan]] = {
-    "none": none.plan,
-    "sqrt": sqrt.plan,
-    "cheap": cheap.plan,
-    "budget": budget.plan,
-    "optimal": optimal.plan,
-    "recursive": recursive.plan,
-    "multilevel": multilevel.plan,
+STRATEGIES: dict[str, Callable[[Analysis, int | None], Choice]] = {
+    "none": none.choose,
+    "cheap": cheap.choose,
+    "sqrt": sqrt.choose,
+    "budget": budget.choose,
+    "search": search.choose,
+    "recursive": recursive.choose,
+    "multilevel": multilevel.choose,
 }
+ALIASES = {"optimal": "search"}  # the name `search` had before it said what it is
+POLICIES: tuple[str, ...] = (*STRATEGIES, *ALIASES)  # every name a user may give
+NEEDS_BUDGET = ("budget", "multilevel")
+
+_UNITS = {"": 1, "B": 1, "KB": 2**10, "K": 2**10, "MB": 2**20, "M": 2**20, "GB": 2**30,
+          "G": 2**30, "TB": 2**40}
 
 
-def make_plan(graph: Graph, policy: str = "sqrt", budget_bytes: int | None = None) -> Plan:
-    """Run a policy on a graph and time it."""
-    fn = POLICIES.get(policy)
-    if fn is None:
+def parse_budget(budget: Any) -> int | None:
+    """Bytes from an int or a string like '800MB', '1.5GB'."""
+    if budget is None:
+        return None
+    if isinstance(budget, bool):
+        raise PlanError(f"budget must be a size such as 800MB, not {budget!r}")
+    if isinstance(budget, (int, float)):
+        value = int(budget)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?B?|[kmgt]i?b)?\s*", str(budget),
+                         flags=re.IGNORECASE)
+        if not m:
+            raise PlanError(f"budget must be a size such as 800MB or 1.5GB, not {budget!r}")
+        unit = (m.group(2) or "").upper().replace("IB", "B")
+        value = int(float(m.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise PlanError(f"budget must be positive, not {budget!r}")
+    return value
+
+
+def resolve(policy: str, budget: Any = None) -> tuple[str, int | None]:
+    """(strategy name, budget bytes), or a PlanError that says what to fix."""
+    if policy not in POLICIES:
         raise PlanError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
-    if policy in ("budget", "multilevel") and budget_bytes is None:
+    name = ALIASES.get(policy, policy)
+    budget_bytes = parse_budget(budget)
+    if name in NEEDS_BUDGET and budget_bytes is None:
         raise PlanError(f"policy {policy!r} needs a budget, e.g. --budget 800MB")
+    return name, budget_bytes
+
+
+def make_plan(analysis: Analysis, policy: str = "sqrt", budget: Any = None,
+              source_json: str | None = None, inputs: BindInputs | None = None) -> Plan:
+    """Run a policy on an analysed graph: a Plan never worse than no plan."""
+    name, budget_bytes = resolve(policy, budget)
     start = time.perf_counter()
-    plan = fn(graph, budget_bytes=budget_bytes)
-    if plan.segmented is None and plan.planned_bytes > plan.baseline_bytes:
-        # never worse than no plan
-        plan.mirror_ids, plan.checkpoints = set(), []
-        plan.planned_bytes, plan.recompute_ratio = plan.baseline_bytes, 0.0
-        plan.notes.append("no recomputation lowers memory here: the graph is left as it is")
-    plan.plan_seconds = time.perf_counter() - start
-    return plan
+    choice = STRATEGIES[name](analysis, budget_bytes)
+    base = analysis.baseline
+    notes = list(choice.notes)
+    recomputes = bool(choice.score.mirror)
+    if choice.segments is not None and not recomputes:
+        notes.append("nothing is recomputed: the graph is left as it is")
+        choice = Choice(base)
+    elif recomputes and choice.score.planned_bytes >= base.planned_bytes:
+        notes.append(f"no recomputation lowers memory here (the {name} plan: "
+                     f"{choice.score.planned_bytes / 2**20:.0f} MB, no plan: "
+                     f"{base.planned_bytes / 2**20:.0f} MB): the graph is left as it is")
+        choice = Choice(base)
+    execution = (MirrorExecution() if choice.segments is None
+                 else SegmentedExecution(choice.segments))
+    return Plan(name, analysis, choice.score.mirror, list(choice.checkpoints),
+                base.planned_bytes, choice.score.planned_bytes, choice.score.recompute_ratio,
+                execution, inputs=inputs, source_json=source_json,
+                plan_seconds=time.perf_counter() - start, notes=notes)

@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-from ..graph import Graph
-from ..plan import Plan
-from .common import mirror_blockers, op_order, score, segment_mirror
+from ..analysis import Analysis
+from .common import Choice, mirror_choice, segment_mirror
 
 
-def cheap_mirror(graph: Graph) -> tuple[set[int], dict[int, str]]:
-    blockers = mirror_blockers(graph)
-    return segment_mirror(graph, op_order(graph), [], blockers, only_cheap=True), blockers
+def cheap_mirror(a: Analysis) -> set[int]:
+    return segment_mirror(a, [], only_cheap=True)
 
 
-def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
-    mirror, blockers = cheap_mirror(graph)
-    base = score(graph, set())
-    s = score(graph, mirror)
-    if s.planned_bytes >= base.planned_bytes:  # nothing to gain: keep the graph as it is
-        mirror, s = set(), base
-    return Plan("cheap", graph, set(s.mirror), [], base.planned_bytes, s.planned_bytes,
-                s.recompute_ratio, skipped=_names(graph, blockers))
-
-
-def _names(graph: Graph, blockers: dict[int, str]) -> dict[str, str]:
-    return {graph.nodes[i].name: why for i, why in blockers.items()}
+def choose(a: Analysis, budget_bytes: int | None = None) -> Choice:
+    return mirror_choice(a, cheap_mirror(a))

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from ..graph import Graph
-from ..plan import Plan
-from .common import score
+from ..analysis import Analysis
+from .common import Choice
 
 
-def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
-    base = score(graph, set())
-    return Plan("none", graph, set(), [], base.planned_bytes, base.planned_bytes, 0.0)
+def choose(a: Analysis, budget_bytes: int | None = None) -> Choice:
+    return Choice(a.baseline)

@@ -2,22 +2,19 @@
 
 The forward graph is cut at every candidate cut into a chain of segments; the
 backward pass splits every range of segments at its midpoint, keeps only the
-state there, and recurses (segmented.binary_tree). Each segment's forward is
+state there, and recurses (segments.binary_tree). Each segment's forward is
 run about log2(n) times, so this needs the segmented executor (MXNet's
 attribute mirroring recomputes a node at most once).
 """
 
 from __future__ import annotations
 
-from ..graph import Graph
-from ..plan import Plan
-from ..segments import binary_tree
-from .multilevel import chain, segmented_plan
+from ..analysis import Analysis
+from .common import Choice, segment_chain, segmented_choice
 
 
-def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
-    sg, sp = chain(graph)
-    assert sp.tree == binary_tree(sg.m)
-    return segmented_plan("recursive", graph, sp,
-                          notes=[f"{sg.m} segments, binary recursion: each segment's "
-                                 f"forward runs at most {max(sp.dry.runs, default=0)} times"])
+def choose(a: Analysis, budget_bytes: int | None = None) -> Choice:
+    sp = segment_chain(a)
+    return segmented_choice(a, sp, (f"{sp.segments.m} segments, binary recursion: each "
+                                    f"segment's forward runs at most "
+                                    f"{max(sp.dry.runs, default=0)} times",))

@@ -1,13 +1,15 @@
-"""Least planned memory with each node recomputed at most once.
+"""Policy ``search`` (alias ``optimal``): the least planned memory a search finds with each
+node recomputed at most once. A heuristic, not a proof of optimality.
 
-Dynamic programming over the chain of cut points: for a bound M on the bytes
-of any segment, choose the cuts that keep every segment within M at the least
-total checkpoint bytes (an exact DP over the chain, linear with a monotone
-window). Sweeping M gives the Pareto front of (kept bytes, largest segment);
-each front point is scored by the simulator (MXNet's planner) and the smallest
-wins. The model is exact on a chain of single-value cuts; on general DAGs it
-is exact over the candidate cuts found, not over every recomputation set: see
-docs/planners.md.
+Starts: Algorithm 3's wider budget grid, and a dynamic program over the chain of
+cut points (for a bound M on the bytes of any segment, the cuts that keep every
+segment within M at the least total pinned bytes: exact over the chain, linear
+with a monotone window; sweeping M gives the Pareto front of kept bytes vs
+largest segment). Then, each move scored by the simulator (MXNet's own planner):
+per-stage budgets by coordinate descent, a round-robin local search over the
+cuts, a search at the simulated peak, and a taper search of segment lengths.
+The result is never worse than any start, but other plans may be smaller
+(docs/benchmark.md records a stochastic search that found one).
 """
 
 from __future__ import annotations
@@ -15,21 +17,8 @@ from __future__ import annotations
 from collections import deque
 
 from .. import memory, training_graph
-from ..graph import Graph
-from ..ops import LOSSES
-from ..plan import Plan
-from .cheap import _names
-from .common import (
-    Cut,
-    checkpoint_names,
-    find_cuts,
-    mirror_blockers,
-    node_bytes,
-    op_order,
-    score,
-    segment_mirror,
-)
-from .sqrt import candidates
+from ..analysis import Analysis, Cut
+from .common import Choice, candidates, mirror_choice, segment_mirror
 
 FRONT_POINTS = 16
 
@@ -53,7 +42,7 @@ def min_checkpoints(prefix: list[int], cuts: list[Cut], bound: int) -> list[Cut]
             cands.append((best[window[0]], window[0]))
         if cands:
             cost, prev = min(cands)
-            best[j] = cost + cuts[j].held
+            best[j] = cost + cuts[j].pinned
             back[j] = prev
             while window and best[window[-1]] >= best[j]:
                 window.pop()
@@ -71,15 +60,12 @@ def min_checkpoints(prefix: list[int], cuts: list[Cut], bound: int) -> list[Cut]
     return chosen[::-1]
 
 
-def front(graph: Graph, points: int = FRONT_POINTS):
-    """(bound, cuts) along the Pareto front of kept bytes vs largest segment."""
-    order = op_order(graph)
-    cuts = [c for c in find_cuts(graph)]
-    prefix = [0]
-    for n in order:
-        prefix.append(prefix[-1] + node_bytes(n))
+def front(a: Analysis, points: int = FRONT_POINTS) -> list[tuple[int, int, list[Cut]]]:
+    """(kept + bound, bound, cuts) along the Pareto front of kept bytes vs largest segment."""
+    cuts = a.cuts
+    prefix = a.prefix_bytes
     if not cuts:
-        return order, []
+        return []
     lo = max(max(prefix[c.pos + 1] - prefix[c.pos] for c in cuts), 1)
     hi = prefix[-1]
     out = []
@@ -87,9 +73,9 @@ def front(graph: Graph, points: int = FRONT_POINTS):
         bound = int(lo * (hi / lo) ** (k / (points - 1)))
         chosen = min_checkpoints(prefix, cuts, bound)
         if chosen is not None:
-            kept = sum(c.held for c in chosen)
+            kept = sum(c.pinned for c in chosen)
             out.append((kept + bound, bound, chosen))
-    return order, out
+    return out
 
 
 MAX_LOCAL_STEPS = 120
@@ -101,19 +87,19 @@ def regions(cuts: list[Cut]) -> list[int]:
     """Region index per cut: runs of cuts of about the same size (a ResNet stage)."""
     out, last, r = [], None, -1
     for c in cuts:
-        cls = max(c.held, 1).bit_length()
+        cls = max(c.pinned, 1).bit_length()
         if cls != last:
             r, last = r + 1, cls
         out.append(r)
     return out
 
 
-def greedy_by_region(order, cuts: list[Cut], region: list[int], budgets: list[float]):
+def greedy_by_region(a: Analysis, region: list[int], budgets: list[float]) -> list[Cut]:
     """Algorithm 3 with its own byte budget per region of the chain."""
-    by_pos = {c.pos: (c, region[k]) for k, c in enumerate(cuts)}
+    by_pos = {c.pos: (c, region[k]) for k, c in enumerate(a.cuts)}
     chosen, acc, r = [], 0, 0
-    for i, n in enumerate(order):
-        acc += node_bytes(n)
+    for i, b in enumerate(a.node_bytes):
+        acc += b
         hit = by_pos.get(i)
         if hit is not None:
             c, r = hit
@@ -123,38 +109,29 @@ def greedy_by_region(order, cuts: list[Cut], region: list[int], budgets: list[fl
     return chosen
 
 
-def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
-    base = score(graph, set())
-    blockers = mirror_blockers(graph)
-    order, pts = front(graph)
-    _, cuts, _, grid = candidates(graph, steps=17, spread=8.0)
-    losses = {n.id for n in order if n.op in LOSSES}
-    flag = not grid or bool(losses & grid[0][2]) or not losses
-    seen: dict[frozenset, object] = {}
+def choose(a: Analysis, budget_bytes: int | None = None) -> Choice:
+    pts = front(a)
+    grid = candidates(a, steps=17, spread=8.0)
+    flag = not grid or bool(a.losses & grid[0].mirror) or not a.losses
 
     def evaluate(chosen):
-        mirror = segment_mirror(graph, order, chosen, blockers, mirror_losses=flag)
-        key = frozenset(mirror)
-        if key not in seen:
-            seen[key] = score(graph, mirror)
-        return seen[key], mirror
+        mirror = segment_mirror(a, chosen, mirror_losses=flag)
+        return a.score(mirror), mirror
 
     best = None
     best_b = None
-    for b, chosen, _ in grid:
-        s, mirror = evaluate(chosen)
+    for c in grid:
+        s, mirror = evaluate(c.cuts)
         if best is None or s.planned_bytes < best[0].planned_bytes:
-            best, best_b = (s, mirror, chosen), b
+            best, best_b = (s, mirror, c.cuts), c.budget
     for _, _, chosen in pts:
         s, mirror = evaluate(chosen)
         if best is None or s.planned_bytes < best[0].planned_bytes:
             best = (s, mirror, chosen)
-    if best is None or best[0].planned_bytes >= base.planned_bytes:
-        return Plan("optimal", graph, set(), [], base.planned_bytes, base.planned_bytes, 0.0,
-                    skipped=_names(graph, blockers))
+    if best is None or best[0].planned_bytes >= a.baseline.planned_bytes:
+        return Choice(a.baseline)
     # a byte budget per region (stage), by coordinate descent from the best uniform one
-    cut_list = sorted(cuts, key=lambda c: c.pos)
-    region = regions(cut_list)
+    region = regions(a.cuts)
     n_regions = max(region, default=-1) + 1
     if best_b is not None and 1 < n_regions <= 8:
         budgets = [best_b] * n_regions
@@ -163,16 +140,14 @@ def plan(graph: Graph, budget_bytes: int | None = None) -> Plan:
                 for f in FACTORS:
                     trial = list(budgets)
                     trial[r] = budgets[r] * f
-                    chosen = greedy_by_region(order, cut_list, region, trial)
+                    chosen = greedy_by_region(a, region, trial)
                     s, mirror = evaluate(chosen)
                     if s.planned_bytes < best[0].planned_bytes:
                         best, budgets = (s, mirror, chosen), trial
-    best = _local_search(evaluate, cuts, *best)
-    best = _peak_search(graph, order, evaluate, cuts, *best)
-    s, mirror, chosen = _taper_search(evaluate, cuts, *best)
-    ckpts = checkpoint_names(graph, chosen)
-    return Plan("optimal", graph, set(s.mirror), ckpts, base.planned_bytes, s.planned_bytes,
-                s.recompute_ratio, skipped=_names(graph, blockers))
+    best = _local_search(evaluate, a.cuts, *best)
+    best = _peak_search(a, evaluate, *best)
+    s, mirror, chosen = _taper_search(evaluate, a.cuts, *best)
+    return mirror_choice(a, mirror, chosen)
 
 
 def _local_search(evaluate, cuts, best, mirror, chosen):
@@ -181,9 +156,9 @@ def _local_search(evaluate, cuts, best, mirror, chosen):
     The cuts are visited round robin (an accepted move does not restart the scan), so a
     bounded number of steps reaches every part of the chain; a pass with no improvement ends
     it. "Add" puts a cut a quarter, half or three quarters of the way from the kept cut before.
-    `evaluate` scores a list of cuts (memoized by plan()).
+    `evaluate` scores a list of cuts (memoized by the Analysis).
     """
-    by_pos = sorted(cuts, key=lambda c: c.pos)
+    by_pos = cuts  # sorted by position
     index = {c.pos: i for i, c in enumerate(by_pos)}
     steps, j, quiet = 0, 0, 0
     while chosen and steps < MAX_LOCAL_STEPS and quiet <= len(chosen):
@@ -215,10 +190,11 @@ def _local_search(evaluate, cuts, best, mirror, chosen):
 PEAK_STEPS = 60
 
 
-def _peak_position(graph: Graph, mirror: set[int], pos: dict[int, int]) -> int | None:
+def _peak_position(a: Analysis, mirror: frozenset[int]) -> int | None:
     """Forward position of the last node recomputed before the simulated peak of live bytes:
     the segment whose recomputation sets the peak."""
-    tg = training_graph.build(graph, mirror)
+    pos = a.pos
+    tg = training_graph.build(a.graph, set(mirror))
     line = memory.simulate(tg, timeline=True).timeline
     p = max(range(len(line)), key=line.__getitem__)
     for t in reversed(tg.nodes[:p + 1]):
@@ -227,33 +203,32 @@ def _peak_position(graph: Graph, mirror: set[int], pos: dict[int, int]) -> int |
     return None
 
 
-def _peak_search(graph, order, evaluate, cuts, best, mirror, chosen):
+def _peak_search(a: Analysis, evaluate, best, mirror, chosen):
     """Split or shrink the segment recomputed at the peak while simulated memory falls.
 
     The round-robin search treats every cut alike; the peak is where a change pays. Moves:
     a cut a quarter, half or three quarters into the peak segment, or one of its two bounding
     cuts moved one candidate inwards.
     """
-    by_pos = sorted(cuts, key=lambda c: c.pos)
-    pos = {n.id: i for i, n in enumerate(order)}
+    by_pos = a.cuts
     steps = 0
     while steps < PEAK_STEPS:
-        x = _peak_position(graph, best.mirror, pos)
+        x = _peak_position(a, best.mirror)
         if x is None:
             break
         chosen = sorted(chosen, key=lambda c: c.pos)
-        a = max((k for k, c in enumerate(chosen) if c.pos < x), default=-1)
-        lo = chosen[a].pos if a >= 0 else -1
-        hi = chosen[a + 1].pos if a + 1 < len(chosen) else len(order)
+        k = max((j for j, c in enumerate(chosen) if c.pos < x), default=-1)
+        lo = chosen[k].pos if k >= 0 else -1
+        hi = chosen[k + 1].pos if k + 1 < len(chosen) else len(a.order)
         inside = [c for c in by_pos if lo < c.pos < hi]
         options = []
         for q in (2, 1, 3):
             if inside:
-                options.append(chosen[:a + 1] + [inside[len(inside) * q // 4]] + chosen[a + 1:])
-        if inside and a >= 0:
-            options.append(chosen[:a] + [inside[0]] + chosen[a + 1:])
-        if inside and a + 1 < len(chosen):
-            options.append(chosen[:a + 1] + [inside[-1]] + chosen[a + 2:])
+                options.append(chosen[:k + 1] + [inside[len(inside) * q // 4]] + chosen[k + 1:])
+        if inside and k >= 0:
+            options.append(chosen[:k] + [inside[0]] + chosen[k + 1:])
+        if inside and k + 1 < len(chosen):
+            options.append(chosen[:k + 1] + [inside[-1]] + chosen[k + 2:])
         found = None
         for opt in options:
             s, m = evaluate(opt)
@@ -281,7 +256,7 @@ def _taper_search(evaluate, cuts, best, mirror, chosen):
     Lengths count candidate cuts (residual units in a ResNet stage); the descent starts from
     the current plan's mean spacing, flat and tapered (TAPERS), and the best result wins.
     """
-    by_pos = sorted(cuts, key=lambda c: c.pos)
+    by_pos = cuts  # sorted by position
     index = {c.pos: i for i, c in enumerate(by_pos)}
     region = regions(by_pos)
     groups: dict[int, list[int]] = {}
