@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .api import plan
+from .aux_order import order_aux_updates
 from .errors import PlanError
 from .mxnet_adapter import UNHOOKED as _originals
 from .mxnet_adapter import load_mxnet
@@ -72,8 +73,8 @@ def simple_bind(symbol: Any, ctx: Any, policy: str = "sqrt", budget: Any = None,
     p = _plan_for(symbol, policy, budget, kwargs.get("grad_req", "write"),
                   kwargs.get("type_dict"), _shape_kwargs(kwargs), strict=True)
     if p is None:
-        return _originals["simple_bind"](symbol, ctx, **kwargs)
-    return p.bind(ctx, symbol=symbol, **kwargs)
+        return order_aux_updates(_originals["simple_bind"](symbol, ctx, **kwargs))
+    return order_aux_updates(p.bind(ctx, symbol=symbol, **kwargs))
 
 
 def _shape_kwargs(kwargs: dict) -> dict:
@@ -129,10 +130,10 @@ def _install() -> None:
                          group2ctx=None, shared_arg_names=None, shared_exec=None,
                          shared_buffer=None, **kwargs):
         p = _plan_for(self, _state["policy"], _state["budget"], grad_req, type_dict, kwargs)
-        return _bind_or_fall_back(
+        return _ordered(_bind_or_fall_back(
             p, _originals["simple_bind"], self, ctx, grad_req=grad_req, type_dict=type_dict,
             stype_dict=stype_dict, group2ctx=group2ctx, shared_arg_names=shared_arg_names,
-            shared_exec=shared_exec, shared_buffer=shared_buffer, **kwargs)
+            shared_exec=shared_exec, shared_buffer=shared_buffer, **kwargs))
 
     def bind_hook(self, ctx, args, args_grad=None, grad_req="write", aux_states=None,
                   group2ctx=None, shared_exec=None):
@@ -144,13 +145,18 @@ def _install() -> None:
         except Exception as exc:  # never break the user's script
             warnings.warn(f"mxmirror: cannot read the bind arguments ({type(exc).__name__}: "
                           f"{exc}); binding unplanned", stacklevel=2)
-        return _bind_or_fall_back(p, _originals["bind"], self, ctx, args=args,
-                                  args_grad=args_grad, grad_req=grad_req,
-                                  aux_states=aux_states, group2ctx=group2ctx,
-                                  shared_exec=shared_exec)
+        return _ordered(_bind_or_fall_back(p, _originals["bind"], self, ctx, args=args,
+                                           args_grad=args_grad, grad_req=grad_req,
+                                           aux_states=aux_states, group2ctx=group2ctx,
+                                           shared_exec=shared_exec))
 
     Symbol.simple_bind = simple_bind_hook
     Symbol.bind = bind_hook
+
+
+def _ordered(executor):
+    """While enabled (any policy, `none` too), BatchNorm statistics are ordered (aux_order)."""
+    return executor if _state["policy"] is None else order_aux_updates(executor)
 
 
 def _bind_inputs(self, args, args_grad, grad_req):

@@ -25,6 +25,7 @@ from math import prod
 from typing import Any
 
 from . import mxnet_adapter
+from .aux_order import settle
 from .errors import PlanError
 from .segments import Driver, Segment, SegmentPlan, pool_blocks, walk_backward, walk_forward
 
@@ -110,6 +111,7 @@ class SegmentedExecutor(Driver):
         self._masks: dict[int, Any] = {}
         self._stored: dict[int, dict] | None = None
         self._live: int | None = None
+        self._train_mode: bool | None = None  # is_train of the last forward pushed
         self._head_grads: list | None = None
         self._grads: dict = {}
         self._held: dict[int, dict] = {}
@@ -199,6 +201,11 @@ class SegmentedExecutor(Driver):
             if name not in self.arg_dict:
                 raise ValueError(f"unknown argument {name!r}")
             _assign(self.arg_dict[name], value)
+        if self._train_mode not in (None, is_train):
+            # MXNet stamps is_train on a template's ops when they are pushed and reads it when
+            # they run: queued recomputations would run in the new mode; let them finish
+            self._mx.nd.waitall()
+        self._train_mode = is_train
         self._draw_masks(is_train)
         self._stored = None
         self._grads = {}
@@ -352,10 +359,8 @@ class SegmentedExecutor(Driver):
                 else:
                     g.copyto(ex.arg_dict[name])
         ex.backward()
-        if any(key[0] == "aux" for _, key in seg.slots):
-            # MXNet 1.9.1's BatchNorm backward updates the running statistics without
-            # declaring them to the engine: wait, or the copy below races with the update
-            self._mx.nd.waitall()
+        # order the copy of the running statistics below after BatchNorm's update of them
+        settle(ex.aux_arrays)
         for name, key in seg.slots:
             kind = key[0]
             if kind == "state":
