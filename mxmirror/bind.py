@@ -74,7 +74,7 @@ def simple_bind(symbol: Any, ctx: Any, policy: str = "sqrt", budget: Any = None,
                   kwargs.get("type_dict"), _shape_kwargs(kwargs), strict=True)
     if p is None:
         return order_aux_updates(_originals["simple_bind"](symbol, ctx, **kwargs))
-    return order_aux_updates(p.bind(ctx, symbol=symbol, **kwargs))
+    return p.bind(ctx, symbol=symbol, **kwargs)
 
 
 def _shape_kwargs(kwargs: dict) -> dict:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .analysis import Analysis
+from .aux_order import order_aux_updates
 from .errors import PlanError
 from .graph import Graph
 from .segments import SegmentPlan
@@ -175,8 +176,9 @@ class Plan:
 
         Keywords as ``Symbol.simple_bind``; with ``args=`` (and ``args_grad``,
         ``aux_states``) as ``Symbol.bind``. ``symbol``: the user's symbol, for the names
-        of its arguments (default: the planned one)."""
-        return self.execution.bind(self, ctx, symbol=symbol, **kwargs)
+        of its arguments (default: the planned one). BatchNorm statistics are ordered after
+        each backward (aux_order)."""
+        return order_aux_updates(self.execution.bind(self, ctx, symbol=symbol, **kwargs))
 
     def training_graph(self) -> TrainingGraph | None:
         """The one MXNet training graph that runs this plan, or None (several executors)."""

@@ -48,7 +48,7 @@ def _iters(batches: int) -> tuple[mx.io.NDArrayIter, mx.io.NDArrayIter]:
 def _fit(policy: str | None, contexts: int, batches: int, prefix: Path | None = None):
     """Module.fit with eval data and a metric; the values of its saved, reloaded checkpoint."""
     train, val = _iters(batches)
-    mod = mx.mod.Module(_net(), context=[mx.cpu(i) for i in range(contexts)],
+    mod = mx.mod.Module(_net(8), context=[mx.cpu(i) for i in range(contexts)],
                         fixed_param_names=["bn2_gamma"])
     kw = dict(eval_data=val, eval_metric=["acc", "ce"], num_epoch=1,
               initializer=mx.init.Xavier(), optimizer_params={"learning_rate": 0.5},
@@ -160,12 +160,16 @@ def test_inference_forward_right_after_backward() -> None:
     assert not bad, bad
 
 
-def test_simple_bind_and_reshape_are_ordered() -> None:
+def test_simple_bind_plan_bind_and_reshape_are_ordered() -> None:
     ex = mxmirror.simple_bind(_net(8), mx.cpu(), policy="sqrt", data=(BATCH, 3, 16, 16),
                               softmax_label=(BATCH,))
     assert "backward" in vars(ex)
     smaller = ex.reshape(data=(BATCH // 2, 3, 16, 16), softmax_label=(BATCH // 2,))
     assert "backward" in vars(smaller)
+    planned = mxmirror.plan(_net(8), policy="sqrt", data=(BATCH, 3, 16, 16),
+                            softmax_label=(BATCH,))
+    assert "backward" in vars(planned.bind(mx.cpu(), data=(BATCH, 3, 16, 16),
+                                           softmax_label=(BATCH,)))
 
 
 def test_grad_req_add_orders_too() -> None:
