@@ -129,7 +129,8 @@ def step_table(a) -> list[str]:
     """Median seconds of one step (forward_backward, update, waitall), variants interleaved."""
     train, _ = _iters(a)
     batch = next(iter(train))
-    rows = ["| policy | ordering | median step (ms) | vs off |", "|---|---|---|---|"]
+    rows = ["| policy | ordering | median step (ms) | vs off | ordering ops per step x one op |",
+            "|---|---|---|---|---|"]
     for policy in a.policy:
         mod = mx.mod.Module(network(a.layers, a.filters), context=_contexts(a.contexts))
         with mxmirror.enabled(policy):
@@ -149,10 +150,39 @@ def step_table(a) -> list[str]:
                     if r:  # the first round warms up
                         times[m].append(time.perf_counter() - t)
         off = float(np.median(times["off"]))
+        calls, call_s = _op_cost(mod, batch)
         for m in modes:
             med = float(np.median(times[m]))
-            rows.append(f"| {policy} | {m} | {1e3 * med:.2f} | {med / off:.3f}x |")
+            op = (f"{calls} x {1e6 * call_s:.0f} us = {100 * calls * call_s / off:.2f}% of "
+                  f"the step" if m == "on" else "")
+            rows.append(f"| {policy} | {m} | {1e3 * med:.2f} | {med / off:.3f}x | {op} |")
     return rows
+
+
+def _op_cost(mod, batch) -> tuple[int, float]:
+    """The ordering ops one step pushes, and the median seconds of one (push to done)."""
+    pushed: list[list] = []
+    real = aux_order.settle
+
+    def counting(arrays: list) -> None:
+        pushed.append(list(arrays))
+        real(arrays)
+
+    aux_order.settle = executor.settle = counting
+    try:
+        mod.forward_backward(batch)
+        mod.update()
+    finally:
+        aux_order.settle = executor.settle = real
+    mx.nd.waitall()
+    arrays = max(pushed, key=len)
+    samples = []
+    for _ in range(200):
+        t = time.perf_counter()
+        real(arrays)
+        mx.nd.waitall()
+        samples.append(time.perf_counter() - t)
+    return len(pushed), float(np.median(samples))
 
 
 def _commit() -> str:
@@ -168,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", action="append",
                     help="repeatable; default none, sqrt, optimal, recursive")
     ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--steps", type=int, default=20, help="timed steps per variant")
+    ap.add_argument("--steps", type=int, default=40, help="timed steps per variant")
     ap.add_argument("--contexts", type=int, default=2)
     ap.add_argument("--batches", type=int, default=1)
     ap.add_argument("--batch", type=int, default=16)
