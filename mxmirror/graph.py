@@ -115,9 +115,6 @@ class Graph:
     def forward_flops(self) -> float:
         return sum(n.flops for n in self.nodes)
 
-    def grad_args(self) -> list[Node]:
-        """Arguments that get a gradient, in MXNet's list_arguments order."""
-        return [n for n in self.nodes if n.kind == PARAM]
 
 
 def post_order(heads: Iterable, children: Callable) -> list:

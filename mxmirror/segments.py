@@ -106,10 +106,19 @@ def build_segments(graph: Graph, cuts: list[int]) -> Segments:
             raise PlanError(f"output {graph.nodes[h[0]].name} is a variable; the segmented "
                             f"executor needs every output computed by an op")
     m = len(bounds) - 1
+    # an entry made in segment a and last read in segment r crosses cuts a .. r-1
+    starts: dict[int, list[Entry]] = {}
+    ends: dict[int, list[Entry]] = {}
+    for e, r in last_reader.items():
+        if seg_of[e[0]] < r:
+            starts.setdefault(seg_of[e[0]], []).append(e)
+            ends.setdefault(r, []).append(e)
     crossing = [frozenset()]
+    live: set[Entry] = set()
     for i in range(1, m + 1):
-        crossing.append(frozenset(e for e, r in last_reader.items()
-                                  if seg_of[e[0]] <= i < r))
+        live.update(starts.get(i, ()))
+        live.difference_update(ends.get(i, ()))
+        crossing.append(frozenset(live))
     segs = []
     out = Segments(graph, cuts, segs, crossing,
                    [nd.id for nd in order if nd.op == "Dropout"])

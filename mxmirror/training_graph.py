@@ -68,7 +68,9 @@ def build(graph: Graph, mirror: set[int] | None = None) -> TrainingGraph:
             fwd[n.id] = TNode(n.op, n.name, [(fwd[s], k) for s, k in n.inputs], n.element_counts,
                               "fwd", n.id)
     outputs = [(fwd[h[0]], h[1]) for h in graph.heads]
-    xs = [n for n in graph.nodes if n.kind == PARAM and n.id in fwd]
+    # the arguments in forward (DFS) order, which is MXNet's list_arguments order whatever
+    # the order of graph.nodes (the segment model builds its sub-graphs in its own)
+    xs = [n for n in topo if n.kind == PARAM]
     if not xs:
         return TrainingGraph(post_order_nodes(outputs), outputs, len(outputs))
 
