@@ -16,9 +16,23 @@ from pathlib import Path
 from .errors import PlanError
 
 EXIT_BAD_INPUT = 2
+EXIT_BROKEN_PIPE = 128 + 13  # as a process ended by SIGPIPE (13) reports itself to the shell
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows each option's default, where it has one."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, [], False):
+            return action.help
+        return super()._get_help_string(action)
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # argparse's own errors: same contract
         self.print_usage(sys.stderr)
         raise PlanError(message)
@@ -48,14 +62,24 @@ def _dtype(args) -> dict[str, str] | None:
     return out
 
 
-def _common(p: argparse.ArgumentParser, policy_default: str = "sqrt") -> None:
+def _plan_options(p: argparse.ArgumentParser) -> None:
+    """--policy and --budget, with the policy names of the one registry."""
+    from .planners import NEEDS_BUDGET, POLICIES
+
+    p.add_argument("--policy", default="sqrt", choices=list(POLICIES),
+                   help="what to recompute (default: %(default)s)")
+    p.add_argument("--budget", default=None, metavar="SIZE",
+                   help=f"memory budget such as 800MB or 1.5GB; required by, and only taken "
+                        f"by, --policy {' and '.join(NEEDS_BUDGET)} (no default)")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("symbol", help="symbol JSON file (sym.save())")
     p.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,...",
-                   help="input shape; repeat for each input")
+                   help="input shape; repeat for each input (at least the data input)")
     p.add_argument("--dtype", action="append", default=[], metavar="[NAME=]DTYPE",
                    help="input dtype (default float32); without NAME: every shaped input")
-    p.add_argument("--policy", default=policy_default)
-    p.add_argument("--budget", default=None, help="e.g. 800MB, 1.5GB")
+    _plan_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -64,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     p = sub.add_parser("plan", help="plan a symbol and print or save the planned symbol")
     _common(p)
-    p.add_argument("--out", help="write the planned symbol JSON here")
+    p.add_argument("--out", metavar="PLANNED.json", help="write the planned symbol JSON here")
     p = sub.add_parser("memory", help="simulated MB per strategy and MXNet's own figure")
     _common(p)
     p.add_argument("--no-bind", action="store_true", help="skip MXNet's own figure")
@@ -77,13 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "of names sharing their first N '_' parts)")
     p.add_argument("--timeline", metavar="FILE.png",
                    help="also plot live memory over the training step, no plan vs the plan")
-    p = sub.add_parser("run", help="run a training script with every bind planned")
-    p.add_argument("--policy", default="sqrt")
-    p.add_argument("--budget", default=None)
-    p.add_argument("script")
-    p.add_argument("args", nargs=argparse.REMAINDER)
+    p = sub.add_parser("run", help="run SCRIPT.py [ARGS...] with every bind planned",
+                       description="Run SCRIPT.py as `python SCRIPT.py ARGS...` would, with "
+                                   "every Symbol.simple_bind/bind (and so Module, "
+                                   "BucketingModule) planned by the policy.")
+    _plan_options(p)
+    p.add_argument("script", metavar="SCRIPT.py", help="the unchanged training script")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                   help="the script's own arguments, passed on as they are")
     p = sub.add_parser("demo", help="plan the paper's ResNet and LSTM, print the table")
-    p.add_argument("--out", default="mxmirror-demo",
+    p.add_argument("--out", default="mxmirror-demo", metavar="FOLDER",
                    help="folder for the graph drawings and memory timelines")
     p.add_argument("--quick", action="store_true", help="small networks (seconds)")
     return parser
@@ -96,12 +123,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             build_parser().print_help()
             return EXIT_BAD_INPUT
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler below
+        return code
     except PlanError as exc:
         print(f"mxmirror: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader left (`mxmirror plan ... | head -1`): stop quietly
+        # Python would flush stdout again at exit and report the same error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 def _load(args):
@@ -207,7 +240,15 @@ def cmd_run(args) -> int:
 def cmd_demo(args) -> int:
     from .demo import run_demo
 
-    return run_demo(Path(args.out), quick=args.quick)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise PlanError(f"--out {out} is a file; demo writes several drawings into a folder: "
+                        f"give a folder name (new or existing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PlanError(f"cannot make the folder --out {out}: {exc.strerror}") from None
+    return run_demo(out, quick=args.quick)
 
 
 COMMANDS = {"plan": cmd_plan, "memory": cmd_memory, "viz": cmd_viz, "run": cmd_run,

@@ -30,7 +30,7 @@ STRATEGIES: dict[str, Callable[[Analysis, int | None], Choice]] = {
 }
 ALIASES = {"optimal": "search"}  # the name `search` had before it said what it is
 POLICIES: tuple[str, ...] = (*STRATEGIES, *ALIASES)  # every name a user may give
-NEEDS_BUDGET = ("budget", "multilevel")
+NEEDS_BUDGET = ("budget", "multilevel")  # the only policies that read a budget
 
 _UNITS = {"": 1, "B": 1, "KB": 2**10, "K": 2**10, "MB": 2**20, "M": 2**20, "GB": 2**30,
           "G": 2**30, "TB": 2**40}
@@ -63,7 +63,13 @@ def resolve(policy: str, budget: Any = None) -> tuple[str, int | None]:
     name = ALIASES.get(policy, policy)
     budget_bytes = parse_budget(budget)
     if name in NEEDS_BUDGET and budget_bytes is None:
-        raise PlanError(f"policy {policy!r} needs a budget, e.g. --budget 800MB")
+        raise PlanError(f"policy {policy!r} needs a budget, e.g. --budget 800MB "
+                        f"(budget=\"800MB\" in Python, MXMIRROR_BUDGET=800MB with "
+                        f"MXMIRROR_POLICY)")
+    if name not in NEEDS_BUDGET and budget_bytes is not None:  # never silently ignored
+        raise PlanError(f"policy {policy!r} takes no budget; only "
+                        f"{' and '.join(NEEDS_BUDGET)} plan to a budget: drop the budget "
+                        f"or choose one of those")
     return name, budget_bytes
 
 
