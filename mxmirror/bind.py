@@ -193,10 +193,19 @@ def _bind_or_fall_back(p: Plan | None, original, symbol, ctx, **kwargs):
 
 
 def enable_from_env() -> None:
-    """MXMIRROR_POLICY / MXMIRROR_BUDGET switch the hook on for any process."""
-    policy = os.environ.get("MXMIRROR_POLICY")
-    if policy:
-        try:
-            enable(policy, os.environ.get("MXMIRROR_BUDGET") or None)
-        except PlanError as exc:
-            warnings.warn(f"mxmirror: MXMIRROR_POLICY ignored: {exc}", stacklevel=2)
+    """MXMIRROR_POLICY / MXMIRROR_BUDGET switch the hook on for any process, once it imports
+    mxnet (mxmirror.startup). A bad value raises PlanError there: never a silent unplanned run."""
+    from .startup import when_imported
+
+    if os.environ.get("MXMIRROR_POLICY"):
+        when_imported("mxnet", _enable_env)
+
+
+def _enable_env() -> None:
+    policy, budget = os.environ.get("MXMIRROR_POLICY"), os.environ.get("MXMIRROR_BUDGET")
+    try:
+        enable(policy, budget or None)
+    except PlanError as exc:
+        raise PlanError(f"MXMIRROR_POLICY={policy}"
+                        + (f" MXMIRROR_BUDGET={budget}" if budget else "")
+                        + f": {exc} (or unset MXMIRROR_POLICY)") from None

@@ -1,0 +1,32 @@
+"""Metadata lives in setup.cfg; this file only installs mxmirror-startup.pth next to the
+package in site-packages (see mxmirror/startup.py), for normal and editable installs."""
+
+import shutil
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.command.editable_wheel import editable_wheel
+
+PTH = Path(__file__).resolve().parent / "mxmirror-startup.pth"
+
+
+class BuildPyWithPth(build_py):
+    """A wheel's build folder becomes site-packages: the .pth goes beside the package."""
+
+    def run(self):
+        super().run()
+        if not self.editable_mode:  # the editable wheel gets it below
+            shutil.copy(PTH, Path(self.build_lib) / PTH.name)
+
+
+class EditableWheelWithPth(editable_wheel):
+    """`pip install -e`: the folder copied into the editable wheel as it is (besides the
+    dist-info) is the one namespace-package .pth files go to: ours goes there too."""
+
+    def _install_namespaces(self, installation_dir, pth_prefix):
+        super()._install_namespaces(installation_dir, pth_prefix)
+        shutil.copy(PTH, Path(installation_dir) / PTH.name)
+
+
+setup(cmdclass={"build_py": BuildPyWithPth, "editable_wheel": EditableWheelWithPth})
