@@ -5,7 +5,10 @@ trains exactly as it would without it.
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -164,43 +167,65 @@ def _ptb_lm(seq_len: int) -> mx.sym.Symbol:
     return ptb_lm(seq_len, VOCAB, num_layers=2, num_hidden=LM_HIDDEN, num_embed=8)
 
 
-@pytest.mark.parametrize("make", [_ptb_lm, _lm_explicit_state],
-                         ids=["ptb_lm", "explicit_begin_state"])
-def test_bucketing_module_all_buckets_planned(make) -> None:
+def _train_buckets(make, policy: str) -> tuple[mx.mod.BucketingModule, list, dict]:
+    """Bucketing training from seeded parameters over buckets of both size orders: the
+    initial parameters, the outputs of every step, and the parameters at the end."""
     def sym_gen(seq_len):
         return make(seq_len), ("data",), ("softmax_label",)
 
     rng = np.random.RandomState(0)
     mx.random.seed(0)
+    outputs = []
+    with mxmirror.enabled(policy):
+        mod = mx.mod.BucketingModule(sym_gen, default_bucket_key=max(BUCKETS),
+                                     context=mx.cpu())
+        mod.bind(data_shapes=[("data", (LM_BATCH, max(BUCKETS)))],
+                 label_shapes=[("softmax_label", (LM_BATCH, max(BUCKETS)))])
+        mod.init_params(initializer=mx.init.Xavier())
+        outputs.append({k: v.asnumpy() for k, v in mod.get_params()[0].items()})
+        mod.init_optimizer(optimizer="sgd", optimizer_params={"learning_rate": 0.1})
+        for key in (*BUCKETS, *BUCKETS[::-1]):
+            data = mx.nd.array(rng.randint(0, VOCAB, (LM_BATCH, key)))
+            label = mx.nd.array(rng.randint(0, VOCAB, (LM_BATCH, key)))
+            db = mx.io.DataBatch(
+                [data], [label], bucket_key=key,
+                provide_data=[mx.io.DataDesc("data", data.shape)],
+                provide_label=[mx.io.DataDesc("softmax_label", label.shape)])
+            mod.forward(db, is_train=True)
+            mod.backward()
+            mod.update()
+            outputs.append(mod.get_outputs()[0].asnumpy())
+    mx.nd.waitall()
+    args, _ = mod.get_params()
+    return mod, outputs, {k: v.asnumpy() for k, v in args.items()}
+
+
+@pytest.mark.parametrize("make", [_ptb_lm, _lm_explicit_state],
+                         ids=["ptb_lm", "explicit_begin_state"])
+def test_bucketing_module_all_buckets_planned(make) -> None:
+    """Every bucket's executor is planned, and training equals the unplanned run's: the
+    outputs of every step and the parameters at the end."""
+    _, (base_init, *base_outputs), base_params = _train_buckets(make, "none")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with mxmirror.enabled("sqrt"):
-            mod = mx.mod.BucketingModule(sym_gen, default_bucket_key=max(BUCKETS),
-                                         context=mx.cpu())
-            mod.bind(data_shapes=[("data", (LM_BATCH, max(BUCKETS)))],
-                     label_shapes=[("softmax_label", (LM_BATCH, max(BUCKETS)))])
-            mod.init_params(initializer=mx.init.Xavier())
-            mod.init_optimizer(optimizer="sgd", optimizer_params={"learning_rate": 0.1})
-            for key in (*BUCKETS, *BUCKETS):
-                data = mx.nd.array(rng.randint(0, VOCAB, (LM_BATCH, key)))
-                label = mx.nd.array(rng.randint(0, VOCAB, (LM_BATCH, key)))
-                db = mx.io.DataBatch(
-                    [data], [label], bucket_key=key,
-                    provide_data=[mx.io.DataDesc("data", data.shape)],
-                    provide_label=[mx.io.DataDesc("softmax_label", label.shape)])
-                mod.forward(db, is_train=True)
-                mod.backward()
-                mod.update()
-                out = mod.get_outputs()[0].asnumpy()
-                assert out.shape == (LM_BATCH * key, VOCAB) and np.isfinite(out).all()
+        mod, (init, *outputs), params = _train_buckets(make, "sqrt")
     failures = [str(w.message) for w in caught if "planning failed" in str(w.message)]
     assert not failures, failures
     assert set(BUCKETS) <= set(mod._buckets)
     for key in BUCKETS:
         for ex in mod._buckets[key]._exec_group.execs:
             assert _mirrored(ex), f"bucket {key} not planned"
-    args, _ = mod.get_params()
-    assert all(np.isfinite(v.asnumpy()).all() for v in args.values())
+    assert [o.shape for o in outputs] == [(LM_BATCH * k, VOCAB)
+                                          for k in (*BUCKETS, *BUCKETS[::-1])]
+    # bit-identical (measured: max difference 0.0 on both nets)
+    for step, (got, want) in enumerate(zip(outputs, base_outputs)):
+        np.testing.assert_array_equal(got, want, err_msg=f"step {step}")
+    assert init.keys() == base_init.keys() == params.keys() == base_params.keys()
+    for k in base_init:
+        np.testing.assert_array_equal(init[k], base_init[k], err_msg=f"initial {k}")
+        np.testing.assert_array_equal(params[k], base_params[k], err_msg=f"trained {k}")
+    assert any(not np.allclose(base_init[k], base_params[k]) for k in base_params), \
+        "training must move the parameters"
 
 
 # ------------------------------------------------------------------ Symbol.bind / simple_bind
@@ -318,10 +343,86 @@ def test_env_policy_at_import(tmp_path: Path) -> None:
     assert "mirror=True" in proc.stdout
 
 
-def test_env_bad_policy_warns_and_imports(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-c", "import mxmirror; print('imported')"],
-                          capture_output=True, text=True, cwd=tmp_path,
-                          env=_env(MXMIRROR_POLICY="bogus"), timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert "imported" in proc.stdout
-    assert "MXMIRROR_POLICY ignored" in proc.stderr
+def test_env_bad_policy_stops_at_mxnet_import(tmp_path: Path) -> None:
+    """A policy the process cannot plan with is an error, not a warning then an unplanned
+    run; importing mxmirror alone (no mxnet, nothing to plan) still works."""
+    code = "import mxmirror; print('imported', flush=True); import mxnet; print('mxnet')"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=tmp_path, env=_env(MXMIRROR_POLICY="bogus"), timeout=300)
+    assert proc.returncode != 0
+    assert proc.stdout.split() == ["imported"]
+    assert "PlanError: MXMIRROR_POLICY=bogus: unknown policy 'bogus'" in proc.stderr
+
+
+# ------------------------------------------------------------------ the README's pattern
+def _readme_snippet() -> str:
+    """The README's Python block that turns the flag on around a Module."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    return next(b for b in blocks if "mxmirror.enabled(" in b)
+
+
+def _fit(snippet: str | None):
+    sym = _net()
+    x, y = _data()
+    train_iter = mx.io.NDArrayIter(x, y, batch_size=BATCH, label_name="softmax_label")
+    val_iter = mx.io.NDArrayIter(x, y, batch_size=BATCH, label_name="softmax_label")
+    mod = mx.mod.Module(sym, context=mx.cpu())
+    args, aux = _params(sym)
+    mod.init_params = functools.partial(mod.init_params, arg_params=args, aux_params=aux,
+                                        force_init=True)
+    mx.random.seed(0)
+    code = snippet or "mod.fit(train_iter, eval_data=val_iter, num_epoch=10)"
+    exec(code.replace("num_epoch=10", "num_epoch=2"),
+         {"mxmirror": mxmirror, "mod": mod, "train_iter": train_iter, "val_iter": val_iter})
+    mx.nd.waitall()
+    return mod
+
+
+def test_readme_pattern_binds_once_and_trains_as_plain_fit(caplog) -> None:
+    snippet = _readme_snippet()
+    assert "mod.bind(" not in snippet, "fit binds; a bind of one's own makes MXNet warn"
+    with caplog.at_level(logging.WARNING):
+        planned = _fit(snippet)
+    assert not [r for r in caplog.records if "Already bound" in r.getMessage()]
+    assert _mirrored(planned._exec_group.execs[0])
+    plain = _fit(None)
+    assert not _mirrored(plain._exec_group.execs[0])
+    _assert_same(_dicts(plain)[0], _dicts(planned)[0], "parameters after fit")
+
+
+def test_bind_then_fit_is_what_mxnet_warns_about(caplog) -> None:
+    """The old README pattern: the warning the test above checks for really is MXNet's."""
+    with caplog.at_level(logging.WARNING):
+        _fit("with mxmirror.enabled('sqrt'):\n"
+             "    mod.bind(data_shapes=train_iter.provide_data,"
+             " label_shapes=train_iter.provide_label)\n"
+             "mod.fit(train_iter, num_epoch=1)\n")
+    assert [r for r in caplog.records if "Already bound" in r.getMessage()]
+
+
+def test_cheap_says_why_it_mirrors_nothing(caplog) -> None:
+    """On a small FC-ReLU net recomputing the activations would not lower memory: the plan
+    and the bind hook's log line say so, with the figure it would have had."""
+    x = mx.sym.Variable("data")
+    for i in range(4):
+        x = mx.sym.Activation(mx.sym.FullyConnected(x, num_hidden=256, name=f"fc{i}"),
+                              act_type="relu", name=f"relu{i}")
+    sym = mx.sym.SoftmaxOutput(x, name="softmax")
+    p = mxmirror.plan(sym, policy="cheap", data=(64, 256))
+    assert p.mirrored == [] and p.planned_bytes == p.baseline_bytes
+    assert p.notes[0].startswith("recomputing the 4 cheap ops would not lower memory: "
+                                 "MXNet's in-place ops and memory sharing"), p.notes
+    assert re.search(r"the cheap plan: \d+ MB, no plan: \d+ MB", p.notes[-1]), p.notes
+    assert all(note in p.summary() for note in p.notes)
+    log = logging.getLogger("mxmirror")  # the hook's one line per bind
+    log.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO, logger="mxmirror")
+    try:
+        with mxmirror.enabled("cheap"):
+            sym.simple_bind(mx.cpu(), data=(64, 256), softmax_label=(64,))
+    finally:
+        log.removeHandler(caplog.handler)
+    lines = [r.getMessage() for r in caplog.records if r.name == "mxmirror"]
+    assert len(lines) == 1, lines
+    assert "mirrored=0 nodes (recomputing the 4 cheap ops" in lines[0]
+    assert "the cheap plan:" in lines[0]

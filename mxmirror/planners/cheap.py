@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..analysis import Analysis
 from .common import Choice, mirror_choice, segment_mirror
 
@@ -11,4 +13,14 @@ def cheap_mirror(a: Analysis) -> set[int]:
 
 
 def choose(a: Analysis, budget_bytes: int | None = None) -> Choice:
-    return mirror_choice(a, cheap_mirror(a))
+    mirror = cheap_mirror(a)
+    if not mirror:
+        return replace(mirror_choice(a, mirror), notes=(
+            "no cheap op (activation, BatchNorm, elementwise, ...) can be recomputed here",))
+    choice = mirror_choice(a, mirror)
+    if choice.score.planned_bytes >= a.baseline.planned_bytes:  # the registry keeps no plan
+        return replace(choice, notes=(
+            f"recomputing the {len(mirror)} cheap ops would not lower memory: MXNet's in-place "
+            f"ops and memory sharing already reuse most of what dropping their outputs would "
+            f"free, and the recomputed copies need memory of their own",))
+    return choice
