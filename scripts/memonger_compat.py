@@ -1,15 +1,12 @@
 """Run the paper's own memory planner (dmlc/mxnet-memonger) on CPU.
 
 memonger.py is the reference implementation of Chen et al. 2016's planner.
-It is never shipped or committed with mxmirror: the user fetches it, and this
-harness imports it at run time from, in order,
-
-1. the directory named by ``MEMONGER_PATH`` (must contain ``memonger.py``);
-2. a checkout at ``/work/.mirror/dmlc+mxnet-memonger`` (``memonger.py`` in
-   it or in ``repo/``); when only the bare git repository
-   ``repo/.git`` exists, ``memonger.py`` is extracted with ``git show
-   HEAD:memonger.py`` into ``~/.cache/mxmirror/memonger/`` (outside the repo)
-   and imported from there.
+It is never shipped or committed with mxmirror: the user fetches it
+(``git clone https://github.com/dmlc/mxnet-memonger``) and names the folder with
+``MEMONGER_DIR`` (scripts: ``--memonger-dir``). The folder holds ``memonger.py``,
+or is a git repository (bare, or a ``.git`` folder) that has it: then
+``git show HEAD:memonger.py`` is extracted into ``~/.cache/mxmirror/memonger/``
+(outside the repo) and imported from there.
 
 memonger measures plans by binding on ``mx.gpu()``; ``search_plan_cpu`` and
 ``get_cost_cpu`` bind on ``mx.cpu()`` instead so the figures can be taken on
@@ -29,7 +26,7 @@ from typing import Any
 
 import mxnet as mx
 
-MIRROR_DIR = Path("/work/.mirror/dmlc+mxnet-memonger")
+ENV = "MEMONGER_DIR"
 CACHE_DIR = Path.home() / ".cache" / "mxmirror" / "memonger"
 
 _TOTAL_RE = re.compile(r"^Total (\d+) MB allocated", re.MULTILINE)
@@ -39,24 +36,19 @@ last_error: str | None = None
 
 
 def _candidate_file() -> Path | None:
-    """Locate memonger.py, extracting it from the bare mirror if needed."""
+    """Locate memonger.py in MEMONGER_DIR, extracting it from git if needed."""
     global last_error
-    env = os.environ.get("MEMONGER_PATH")
-    if env:
-        path = Path(env) / "memonger.py"
-        if path.is_file():
-            return path
-        last_error = f"MEMONGER_PATH={env} has no memonger.py"
+    folder = os.environ.get(ENV)
+    if not folder:
+        last_error = (f"memonger not found: set {ENV} (or --memonger-dir) to a clone of "
+                      f"dmlc/mxnet-memonger")
         return None
-    for path in (MIRROR_DIR / "memonger.py", MIRROR_DIR / "repo" / "memonger.py"):
-        if path.is_file():
-            return path
-    git_dir = MIRROR_DIR / "repo" / ".git"
-    if not git_dir.is_dir():
-        last_error = (
-            "memonger not found: set MEMONGER_PATH or fetch dmlc/mxnet-memonger "
-            f"to {MIRROR_DIR}"
-        )
+    root = Path(folder).expanduser()
+    if (root / "memonger.py").is_file():
+        return root / "memonger.py"
+    git_dir = next((d for d in (root / ".git", root) if (d / "HEAD").is_file()), None)
+    if git_dir is None:
+        last_error = f"{ENV}={folder} has no memonger.py and is not a git clone of it"
         return None
     try:
         source = subprocess.run(

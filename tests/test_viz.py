@@ -250,10 +250,6 @@ def test_viz_command_bad_input(tmp_path, capsys, extra, message):
 
 def test_segmented_plan_draws(graph_source, tmp_path):
     """recursive plans run on the segmented executor: drawn, timeline without a plan curve."""
-    from mxmirror.planners import POLICIES
-
-    if "recursive" not in POLICIES:
-        pytest.skip("no recursive policy")
     p = graph_source.plan("recursive")
     nodes, _ = parse_dot(viz.to_dot(p))
     assert any(a["class"] == "recomputed" for a in nodes.values())
