@@ -47,8 +47,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, ROOT / "scripts"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
 import matplotlib  # noqa: E402
 
@@ -56,6 +57,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
+from provenance import generated_by  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from mxmirror import api, memory, training_graph  # noqa: E402
@@ -278,11 +280,11 @@ def write_csv(path: Path, rows: list[dict], cols: list[str]) -> None:
                         (round(r[c], 3) if isinstance(r[c], float) else r[c]) for c in cols])
 
 
-def memory_markdown(rows: list[dict], key: str, title: str) -> str:
+def memory_markdown(rows: list[dict], key: str, title: str, made: str = "") -> str:
     head = [key, "none", "inplace", "sharing", "drop bn-relu (cheap)", "sublinear (sqrt)",
             "optimal", "recursive (predicted)", "sharing / sqrt", "MXNet sharing", "MXNet sqrt",
             "MXNet sharing / sqrt", "sqrt recompute"]
-    lines = [f"### {title}", "",
+    lines = [f"### {title}", "", made, "",
              "MB of planned intermediates (MXNet's `Total X MB allocated` units); "
              "`-`: not run at this size; MXNet columns: measured by a bind.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -333,8 +335,8 @@ def memory_plot(rows: list[dict], key: str, xlabel: str, title: str, path: Path)
     plt.close(fig)
 
 
-def time_markdown(rows: list[dict]) -> str:
-    lines = ["### Fig. 7: time per batch, sublinear (sqrt) vs sharing, CPU", "",
+def time_markdown(rows: list[dict], made: str = "") -> str:
+    lines = ["### Fig. 7: time per batch, sublinear (sqrt) vs sharing, CPU", "", made, "",
              "Median of timed forward+backward steps, both executors in one process, steps "
              "alternating.", "",
              "| network | sharing s/batch | sqrt s/batch | time ratio | predicted recompute "
@@ -395,6 +397,8 @@ def main(argv: list[str] | None = None) -> dict:
                      "mxnet": mx.__version__, "machine": platform.platform(),
                      "git": _git_state(),
                      "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    made = generated_by("scripts/paper_figures.py", argv if argv is not None else sys.argv[1:])
+    made += " The .csv and .png beside it come from the same run (summary.json: its record)."
     t0 = time.perf_counter()
     # MXNet's binds run one at a time in child processes while this one simulates.
     with ThreadPoolExecutor(max_workers=1) as binds:
@@ -403,7 +407,7 @@ def main(argv: list[str] | None = None) -> dict:
             write_csv(out / "fig5_resnet_memory.csv", rows, ["depth", "units", *MEM_COLS])
             size = f"batch {cfg['resnet_batch']}, " + "x".join(map(str, cfg["resnet_image"]))
             (out / "fig5_resnet_memory.md").write_text(memory_markdown(
-                rows, "depth", f"Fig. 5: ResNet (bottleneck, ReLU), {size}"))
+                rows, "depth", f"Fig. 5: ResNet (bottleneck, ReLU), {size}", made))
             memory_plot(rows, "depth", "ResNet depth (layers)", f"Fig. 5: ResNet, {size}",
                         out / "fig5_resnet_memory.png")
             summary["fig5"] = rows
@@ -411,7 +415,8 @@ def main(argv: list[str] | None = None) -> dict:
             rows = fig6(cfg, binds)
             write_csv(out / "fig6_lstm_memory.csv", rows, ["steps", *MEM_COLS])
             (out / "fig6_lstm_memory.md").write_text(memory_markdown(
-                rows, "steps", f"Fig. 6: LSTM 4x1024, batch {LSTM_BATCH}, by unrolled steps"))
+                rows, "steps", f"Fig. 6: LSTM 4x1024, batch {LSTM_BATCH}, by unrolled steps",
+                made))
             memory_plot(rows, "steps", "sequence length (unrolled steps)",
                         f"Fig. 6: LSTM 4x1024, batch {LSTM_BATCH}",
                         out / "fig6_lstm_memory.png")
@@ -421,7 +426,7 @@ def main(argv: list[str] | None = None) -> dict:
         write_csv(out / "fig7_time.csv", rows,
                   ["network", "kind", "size", "sharing_s", "sqrt_s", "time_ratio",
                    "sqrt_recompute", "sharing_mb", "sqrt_mb"])
-        (out / "fig7_time.md").write_text(time_markdown(rows))
+        (out / "fig7_time.md").write_text(time_markdown(rows, made))
         time_plot(rows, out / "fig7_time.png")
         summary["fig7"] = rows
     summary["seconds"] = round(time.perf_counter() - t0, 1)

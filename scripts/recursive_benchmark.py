@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
 
 MB = 2**20
@@ -250,13 +250,17 @@ def front(points):
 
 def write_tradeoff(results: list[dict], out: Path) -> None:
     import matplotlib
+    from provenance import generated_by
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
     lines = ["# Budget -> least recompute (planned MB as MXNet counts; recompute = extra "
-             "forward FLOPs / forward FLOPs)", ""]
+             "forward FLOPs / forward FLOPs)", "",
+             generated_by("scripts/recursive_benchmark.py", sys.argv[1:])
+             + " Simulated figures (no bind); also writes tradeoff_points.json and "
+               "tradeoff_curve.png.", ""]
     fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5))
     axes = axes if len(results) > 1 else [axes]
     for res, ax in zip(results, axes):

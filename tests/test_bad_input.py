@@ -329,6 +329,9 @@ HEADING = "## Python API and the bind hook"
 
 def write_doc(path: Path) -> None:
     """Run every case and (re)write the Python API section of docs/bad_input.md."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from provenance import generated_by
+
     rows = []
     for _case, what, call, _expected in CASES:
         try:
@@ -341,7 +344,8 @@ def write_doc(path: Path) -> None:
         rows.append(f"| {what} | `{result}` |")
     section = (
         f"{HEADING}\n\n"
-        "Written by `python tests/test_bad_input.py` from real calls of `mxmirror.plan`;\n"
+        f"{generated_by('tests/test_bad_input.py', [])} From real calls of `mxmirror.plan`\n"
+        "(and of `enable`/`enabled` for the bind hook);\n"
         "`tests/test_bad_input.py` checks each one raises `mxmirror.PlanError` (a\n"
         "`ValueError`) with this message, no traceback text and no MXNet log prefix.\n\n"
         "| input | what `mxmirror.plan(...)` raises |\n|---|---|\n"

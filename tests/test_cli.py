@@ -336,6 +336,9 @@ def write_doc(path: Path) -> None:
     """Run every bad input as a real process and write the markdown table."""
     import tempfile
 
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from provenance import generated_by
+
     folder = Path(tempfile.mkdtemp(prefix="mxmirror-bad-"))
     files = make_files(folder)
     rows = []
@@ -348,9 +351,10 @@ def write_doc(path: Path) -> None:
         rows.append(f"| {what} | `{shown}` | {proc.returncode} | `{message}` |")
     path.write_text(
         "# Bad input\n\n"
-        "Every row was produced by a real run (`python tests/test_cli.py` regenerates\n"
-        "this file). Each ends with exit code 2, a last stderr line starting with\n"
-        "`mxmirror: error:` and no Python traceback; `tests/test_cli.py` checks it.\n"
+        f"{generated_by('tests/test_cli.py', [])} Every row was produced by a real run;\n"
+        "`python tests/test_bad_input.py` then writes the Python API section. Each ends\n"
+        "with exit code 2, a last stderr line starting with `mxmirror: error:` and no\n"
+        "Python traceback; `tests/test_cli.py` checks it.\n"
         "Files: `resnet8-symbol.json` is a CIFAR ResNet-8 (input `data`, label\n"
         "`softmax_label`), `fc-symbol.json` a 4-layer FullyConnected net.\n\n"
         "| input | command | exit | what mxmirror prints (last stderr line) |\n"

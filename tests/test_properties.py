@@ -31,7 +31,7 @@ from mxmirror.plan import MIRROR_KEY
 EXAMPLES: dict[str, int] = {}
 SETTINGS = dict(deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-# Not asserted, as they hold by construction: planned <= baseline (every planner keeps the
+# Not asserted, as they hold by construction: planned <= baseline (the registry keeps the
 # unplanned graph when no mirror set lowers the simulated figure; test_simulated_equals_mxnet
 # checks that figure against MXNet's) and recompute <= 1 (a set of nodes, each once).
 
