@@ -1,4 +1,5 @@
-"""``MXMIRROR_POLICY=sqrt python train.py`` for a script that never imports mxmirror.
+"""What installing the package promises: the Python versions, and
+``MXMIRROR_POLICY=sqrt python train.py`` for a script that never imports mxmirror.
 
 The package installs ``mxmirror-startup.pth`` into site-packages (setup.py, for normal and
 editable installs); it imports mxmirror only when MXMIRROR_POLICY is set, and mxmirror then
@@ -8,7 +9,9 @@ interpreter, whose environment was installed as the README says (``pip install -
 
 from __future__ import annotations
 
+import configparser
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -100,3 +103,17 @@ def test_build_puts_the_pth_beside_the_package(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert (build / PTH).read_text() == (ROOT / PTH).read_text()
     assert (build / "mxmirror" / "startup.py").is_file()
+
+
+def test_python_versions_claimed_are_the_ones_required() -> None:
+    """setup.cfg's python_requires, its classifiers and the README say the same versions,
+    and this interpreter is one of them. 3.8 is excluded (functools.cache, module-level
+    tuple[...] subscripts); 3.12+ has no numpy<1.24 wheels. Only one interpreter runs here:
+    3.9 and 3.10 were checked by running the whole suite in their own venvs."""
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    assert cfg["options"]["python_requires"].replace(" ", "") == ">=3.9,<3.12"
+    classifiers = re.findall(r"Python :: (3\.\d+)", cfg["metadata"]["classifiers"])
+    assert classifiers == ["3.9", "3.10", "3.11"]
+    assert "Python 3.9-3.11" in (ROOT / "README.md").read_text()
+    assert (3, 9) <= sys.version_info[:2] <= (3, 11)
