@@ -14,13 +14,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def commit() -> str:
-    """The checkout's short commit, marked when tracked files differ from it."""
+    """The checkout's short commit, marked when tracked files outside docs/ differ from it
+    (results written into docs/ one after another do not change what made them)."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
                               check=False).stdout.strip()
 
     head = git("rev-parse", "--short", "HEAD") or "unknown (not a git checkout)"
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs")
     return f"{head} with uncommitted changes" if dirty else head
 
 
