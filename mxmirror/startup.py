@@ -17,22 +17,31 @@ from collections.abc import Callable
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; wraps the real loader of one module to call back after it ran."""
+    """Finds nothing itself; wraps the real loader of one module to call back after it ran.
+
+    It stays in sys.meta_path until that module has really been executed: a mere look-up
+    (``importlib.util.find_spec``, as libraries probe optional dependencies) must not use it up.
+    """
 
     def __init__(self, name: str, callback: Callable[[], None]) -> None:
-        self.name, self.callback = name, callback
+        self.name, self.callback, self.searching = name, callback, False
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.name:
+        if fullname != self.name or self.searching:
             return None
-        sys.meta_path.remove(self)  # once; and the search below must not find us again
-        spec = importlib.util.find_spec(fullname)
+        self.searching = True  # the search below must not find us again
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self.searching = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         run = spec.loader.exec_module
 
         def exec_then_call(module):
             run(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
             self.callback()
 
         spec.loader.exec_module = exec_then_call

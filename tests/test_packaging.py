@@ -42,9 +42,10 @@ print("trained mirror=" + str("_mirror" in ex.debug_str()),
 """
 
 
-def _run(tmp_path: Path, **env_vars: str) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, probe: bool = False, **env_vars: str) -> subprocess.CompletedProcess:
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
+    script.write_text(("import importlib.util\nassert importlib.util.find_spec('mxnet')\n"
+                       if probe else "") + SCRIPT)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("MXMIRROR_") and k != "PYTHONPATH"}
     env.update(env_vars)
@@ -58,8 +59,11 @@ def test_installed_pth_is_the_repository_one() -> None:
     assert installed.read_text() == (ROOT / PTH).read_text(), "stale: pip install -e ."
 
 
-def test_env_policy_plans_a_script_that_never_imports_mxmirror(tmp_path) -> None:
-    proc = _run(tmp_path, MXMIRROR_POLICY="sqrt")
+@pytest.mark.parametrize("probe", [False, True], ids=["import", "find_spec_first"])
+def test_env_policy_plans_a_script_that_never_imports_mxmirror(tmp_path, probe) -> None:
+    """Also when something looks mxnet up (importlib.util.find_spec, as libraries probe
+    optional dependencies) before the script imports it."""
+    proc = _run(tmp_path, probe=probe, MXMIRROR_POLICY="sqrt")
     assert proc.returncode == 0, proc.stderr
     assert "mxmirror: policy=sqrt" in proc.stderr
     assert "trained mirror=True mxmirror_loaded=True" in proc.stdout
