@@ -6,7 +6,7 @@ from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
-from setuptools.command.editable_wheel import editable_wheel
+from setuptools.command.editable_wheel import editable_wheel  # 64+, as pyproject.toml asks
 
 PTH = Path(__file__).resolve().parent / "mxmirror-startup.pth"
 

@@ -122,7 +122,8 @@ def test_imagenet_bottleneck_structure_and_shape() -> None:
     assert out == [(2, 1000)]
     internals = sym.get_internals()
     _, shapes, _ = internals.infer_shape(data=(2, 3, 224, 224))
-    sizes = dict(zip(internals.list_outputs(), shapes, strict=True))
+    assert len(internals.list_outputs()) == len(shapes)
+    sizes = dict(zip(internals.list_outputs(), shapes))
     assert sizes["stage1_unit3_sum_output"] == (2, 256, 55, 55)
     assert sizes["stage4_unit3_sum_output"] == (2, 2048, 7, 7)
 
@@ -142,7 +143,8 @@ def test_cifar_resnet_shapes(depth: int, units: int) -> None:
     assert out == [(2, 10)]
     internals = sym.get_internals()
     _, shapes, _ = internals.infer_shape(data=(2, *CIFAR))
-    sizes = dict(zip(internals.list_outputs(), shapes, strict=True))
+    assert len(internals.list_outputs()) == len(shapes)
+    sizes = dict(zip(internals.list_outputs(), shapes))
     assert sizes[f"stage3_unit{units}_sum_output"] == (2, 64, 8, 8)
 
 
@@ -188,7 +190,8 @@ def test_paper_lstm_shapes() -> None:
     inputs = {n for n in sym.list_arguments() if "weight" not in n and "bias" not in n}
     assert set(shapes) == inputs
     arg_shapes, out_shapes, _ = sym.infer_shape(**shapes)
-    args = dict(zip(sym.list_arguments(), arg_shapes, strict=True))
+    assert len(sym.list_arguments()) == len(arg_shapes)
+    args = dict(zip(sym.list_arguments(), arg_shapes))
     assert args["embed_weight"] == (16, 5)
     assert args["l0_i2h_weight"] == (64, 16) and args["l3_h2h_weight"] == (64, 16)
     assert args["cls_weight"] == (7, 16)
