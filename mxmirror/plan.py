@@ -206,7 +206,7 @@ class Plan:
 
     def summary(self) -> str:
         """One line (the bind hook logs it); a plan that recomputes nothing says why."""
-        why = f" ({'; '.join(self.notes)})" if self.notes and not self.mirror_ids else ""
+        why = f" ({'; '.join(self.notes)})" if self.notes and not self.recomputed_ids else ""
         return (f"mxmirror: policy={self.policy} baseline={self.baseline_mb:.0f} MB "
                 f"planned={self.planned_mb:.0f} MB recompute={self.recompute_ratio:.2f}x "
                 f"mirrored={len(self.mirrored)} nodes{why}")
