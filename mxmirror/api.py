@@ -9,7 +9,7 @@ from . import mxnet_adapter
 from .analysis import Analysis
 from .errors import PlanError
 from .plan import BindInputs, Plan, strip_json
-from .planners import make_plan, parse_budget, resolve
+from .planners import make_plan, own_plan, parse_budget, resolve
 
 __all__ = ["Prepared", "parse_budget", "plan", "prepare"]
 
@@ -24,6 +24,10 @@ class Prepared:
 
     def plan(self, policy: str = "sqrt", budget: Any = None) -> Plan:
         return make_plan(self.analysis, policy, budget, self.source_json, self.inputs)
+
+    def own_plan(self, policy: str = "sqrt", budget: Any = None) -> Plan:
+        """The policy's own plan, segmented even where one recomputation is smaller."""
+        return own_plan(self.analysis, policy, budget, self.source_json, self.inputs)
 
 
 def plan(symbol: Any, policy: str = "sqrt", budget: Any = None,

@@ -20,6 +20,7 @@ from typing import Any
 from .api import plan
 from .aux_order import order_aux_updates
 from .errors import PlanError
+from .executor import mxnet_bind
 from .mxnet_adapter import UNHOOKED as _originals
 from .mxnet_adapter import load_mxnet
 from .plan import Plan
@@ -73,7 +74,7 @@ def simple_bind(symbol: Any, ctx: Any, policy: str = "sqrt", budget: Any = None,
     p = _plan_for(symbol, policy, budget, kwargs.get("grad_req", "write"),
                   kwargs.get("type_dict"), _shape_kwargs(kwargs), strict=True)
     if p is None:
-        return order_aux_updates(_originals["simple_bind"](symbol, ctx, **kwargs))
+        return order_aux_updates(mxnet_bind(_originals["simple_bind"], symbol, ctx, **kwargs))
     return p.bind(ctx, symbol=symbol, **kwargs)
 
 
@@ -112,7 +113,7 @@ def _plan_for(symbol, policy, budget, grad_req, type_dict, shapes, strict=False)
             _failed[key] = why
         warnings.warn(f"mxmirror: planning failed, binding unplanned: {why}", stacklevel=3)
         return None
-    log.info(p.summary())
+    log.info("; ".join([p.summary(), *p.notes]))
     _plans[key] = p if p.recomputed_ids else None
     return _plans[key]
 
@@ -179,17 +180,14 @@ def _bind_inputs(self, args, args_grad, grad_req):
 def _bind_or_fall_back(p: Plan | None, original, symbol, ctx, **kwargs):
     """Bind the plan; should that fail, bind the user's own symbol (with a warning)."""
     if p is None:
-        return original(symbol, ctx, **kwargs)
+        return mxnet_bind(original, symbol, ctx, **kwargs)
     try:
         return p.bind(ctx, symbol=symbol, **kwargs)
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
         warnings.warn(f"mxmirror: could not bind the planned symbol "
                       f"({type(exc).__name__}: {first}); binding unplanned", stacklevel=3)
-        shared = kwargs.get("shared_exec")
-        if shared is not None and not hasattr(shared, "handle"):
-            kwargs["shared_exec"] = None  # MXNet shares memory only with its own executors
-        return original(symbol, ctx, **kwargs)
+        return mxnet_bind(original, symbol, ctx, **kwargs)
 
 
 def enable_from_env() -> None:

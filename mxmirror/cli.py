@@ -186,7 +186,13 @@ def cmd_memory(args) -> int:
         sharing = mxnet_adapter.mxnet_mb_many([{
             "symbol": p.source_json, "shapes": shapes, "type_dict": dtypes,
             "grad_req": p.inputs.grad_req}])[0]
-        out["mxnet_mb"] = {"sharing": sharing, "planned": p.mxnet_mb()}
+        if p.execution.kind == "segmented":  # several executors on one pool: the whole
+            whole = p.execution.measure(p)
+            planned = whole["measured_mb"]["total"]
+            out["segmented_mb"] = {k: whole[k] for k in ("measured_mb", "predicted_mb")}
+        else:
+            planned = p.mxnet_mb()
+        out["mxnet_mb"] = {"sharing": sharing, "planned": planned}
     if args.json:
         print(json.dumps(out))
         return 0

@@ -61,10 +61,8 @@ class SegmentedExecutor(Driver):
                 arr = args[name]
             elif sx is not None and name in shared_arg_names and name in sx.arg_dict:
                 arr = sx.arg_dict[name]
-            elif shared_buffer is not None and name in shared_buffer and \
-                    shared_buffer[name].size >= prod(shape):
-                arr = shared_buffer[name].reshape(shape) if shared_buffer[name].shape != \
-                    tuple(shape) else shared_buffer[name]
+            elif _fits(shared_buffer, name, shape, dtype):
+                arr = _first(shared_buffer[name], shape)
             else:
                 arr = mx.nd.zeros(shape, ctx, dtype=dtype)
                 if shared_buffer is not None and name not in shared_arg_names:
@@ -94,16 +92,18 @@ class SegmentedExecutor(Driver):
         # one executor per template, the largest first, all on its memory pool
         raw = mxnet_adapter.unhooked("simple_bind")
         self._execs: dict[str, Any] = {}
-        owner = self._owner(raw)
+        owner = self.pool_owner = self._owner(raw)  # None when nothing is pooled
         by_key = {seg.key: seg for seg in sg.segments}
-        # slots of the same name share one array across templates (only one runs at a time
-        # and every slot is filled right before its executor runs)
+        # activation slots of the same name share one array across templates (only one runs
+        # at a time and every slot is filled right before its executor runs); a copy of the
+        # dict per bind, as MXNet adds the arrays it allocates (parameter slots) to it
         self._slot_buffer = self._slot_arrays()
+        self._user_bound: set[tuple[str, str]] = set()  # (template, slot) on user arrays
         for key in plan.bind_order():
             seg = by_key[key]
             sym = mx.sym.load_json(seg.json)
             ex = raw(sym, ctx, grad_req=sg.slot_req[key], type_dict=sg.slot_types[key],
-                     shared_exec=owner, shared_buffer=self._slot_buffer,
+                     shared_exec=owner, shared_buffer=self._bind_buffer(seg),
                      **sg.slot_shapes[key])
             owner = owner or ex
             self._execs[key] = ex
@@ -115,12 +115,20 @@ class SegmentedExecutor(Driver):
         self._head_grads: list | None = None
         self._grads: dict = {}
         self._held: dict[int, dict] = {}
+        self._delivered: set = set()  # one-hop gradients already in their producer's slot
         self.peak_kept_bytes = 0  # measured: bytes of kept values and gradients at the peak
         self.forward_flops_run = 0.0  # measured: FLOPs of every segment forward executed
 
     def _slot_arrays(self) -> dict:
-        """One array per slot name, as large as its largest use: every template binds a view
-        of it (shared_buffer), so none re-allocates (and MXNet logs nothing)."""
+        """One array per slot name, as large as its largest use: every template binds a
+        view of it (shared_buffer), so none re-allocates (and MXNet logs nothing).
+
+        Parameter values ("arg" slots: weights, labels, data) are left out: each template
+        gets its own, of its exact shape, as MKL-DNN reorders a weight in place during an
+        inference forward, which fails on a view (``Check failed: !is_view``). Their
+        gradients are shared, and zeroed before each backward (``fb``): an operator may
+        leave an input's gradient unwritten (SoftmaxOutput's label), which would otherwise
+        read what another template wrote there."""
         mx = self._mx
         need: dict[str, tuple[int, str]] = {}
         for seg in self.sg.segments:
@@ -129,7 +137,8 @@ class SegmentedExecutor(Driver):
             for name, key in seg.slots:
                 if key[0] == "aux":
                     continue
-                names = [name] + (["grad of " + name] if req.get(name) != "null" else [])
+                names = [] if key[0] == "arg" else [name]
+                names += ["grad of " + name] if req.get(name) != "null" else []
                 for n in names:
                     size, dtype = prod(shapes[name]), types[name]
                     old = need.get(n)
@@ -139,6 +148,24 @@ class SegmentedExecutor(Driver):
                         need[n] = (size, dtype)
         return {n: mx.nd.zeros((size,), self.ctx, dtype=dtype)
                 for n, (size, dtype) in need.items() if size}
+
+    def _bind_buffer(self, seg: Segment) -> dict:
+        """The shared_buffer one template binds with: the shared slots, and for a template
+        that serves a single segment, the user's own arrays as its parameter values (no
+        copy is needed where no other segment's parameters take turns in the slot)."""
+        import numpy as np
+
+        buf = dict(self._slot_buffer)
+        if sum(s.key == seg.key for s in self.sg.segments) > 1:
+            return buf
+        shapes, types = self.sg.slot_shapes[seg.key], self.sg.slot_types[seg.key]
+        for name, key in seg.slots:
+            user = self.arg_dict.get(key[1]) if key[0] == "arg" else None
+            if user is not None and tuple(user.shape) == tuple(shapes[name]) and \
+                    np.dtype(user.dtype) == np.dtype(types[name]):
+                buf[name] = user
+                self._user_bound.add((seg.key, name))
+        return buf
 
     def _owner(self, raw: Any) -> Any:
         """The executor that owns the shared pool: forward-only, its outputs are the pool's
@@ -310,7 +337,7 @@ class SegmentedExecutor(Driver):
             kind = key[0]
             if kind == "state":
                 state[key[1]].copyto(ex.arg_dict[name])
-            elif kind == "arg":
+            elif kind == "arg" and (seg.key, name) not in self._user_bound:
                 self.arg_dict[key[1]].copyto(ex.arg_dict[name])
             elif kind == "aux":
                 self.aux_dict[key[1]].copyto(ex.aux_dict[name])
@@ -352,12 +379,19 @@ class SegmentedExecutor(Driver):
             self.forward_flops_run += seg.flops
         self._live = None
         for name, key in seg.slots:
-            if key[0] in ("ograd", "hgrad"):
+            if key[0] == "ograd" and key[1] in self.sg.one_hop:
+                if key[1] not in self._delivered:  # the reader's backward left none
+                    ex.arg_dict[name][:] = 0
+            elif key[0] in ("ograd", "hgrad"):
                 g = self._grads.get(key[1]) if key[0] == "ograd" else self._head_grads[key[1]]
                 if g is None:
                     ex.arg_dict[name][:] = 0
                 else:
                     g.copyto(ex.arg_dict[name])
+        self._delivered = set()
+        for name, key in seg.slots:
+            if key[0] == "arg" and self._req[key[1]] != "null":
+                ex.grad_dict[name][:] = 0  # shared: what the backward leaves unwritten is 0
         ex.backward()
         # order the copy of the running statistics below after BatchNorm's update of them
         settle(ex.aux_arrays)
@@ -365,7 +399,10 @@ class SegmentedExecutor(Driver):
             kind = key[0]
             if kind == "state":
                 g = ex.grad_dict[name]
-                if key[1] in self._grads:
+                if key[1] in self.sg.one_hop:  # straight into the producer's gradient input
+                    g.copyto(self._ograd_slot(i - 1, key[1]))
+                    self._delivered.add(key[1])
+                elif key[1] in self._grads:
                     self._grads[key[1]] += g
                 else:
                     self._grads[key[1]] = g.copy()
@@ -377,6 +414,12 @@ class SegmentedExecutor(Driver):
         for e in seg.outputs:
             self._grads.pop(e, None)
 
+    def _ograd_slot(self, i: int, e: Any) -> Any:
+        """Segment i's gradient-input slot for its output e (in its template)."""
+        seg = self.sg.segments[i - 1]
+        name = next(n for n, key in seg.slots if key == ("ograd", e))
+        return self._execs[seg.key].arg_dict[name]
+
     def _note(self, *extra: dict) -> None:
         """Measured bytes of the kept values and boundary gradients (real NDArrays)."""
         alive: dict = {}
@@ -386,6 +429,22 @@ class SegmentedExecutor(Driver):
         total = sum(_nbytes(v) for v in alive.values())
         total += sum(_nbytes(v) for v in self._grads.values())
         self.peak_kept_bytes = max(self.peak_kept_bytes, total)
+
+
+def _fits(buffers: dict | None, name: str, shape: tuple, dtype: str) -> bool:
+    """Whether MXNet's shared_buffer rule lends `name` here: as large, same dtype."""
+    import numpy as np
+
+    buf = (buffers or {}).get(name)
+    return buf is not None and buf.size >= prod(shape) and np.dtype(buf.dtype) == np.dtype(dtype)
+
+
+def _first(buf: Any, shape: tuple) -> Any:
+    """The first prod(shape) elements of `buf` as an array of `shape` (shared memory), as
+    MXNet's shared_buffer does for a smaller bucket (NDArray.reshape wants equal sizes)."""
+    if tuple(buf.shape) == tuple(shape):
+        return buf
+    return buf.reshape((-1,))[:prod(shape)].reshape(shape)
 
 
 def _nbytes(a: Any) -> int:
@@ -401,3 +460,61 @@ def _assign(dst: Any, value: Any) -> None:
         value.copyto(dst)
     else:
         dst[:] = value
+
+
+def bind_sharing(symbol: Any, ctx: Any, shared_exec: SegmentedExecutor, grad_req: Any = "write",
+                 type_dict: dict | None = None, shared_arg_names: list[str] | None = None,
+                 shared_buffer: dict | None = None, **shapes: Any) -> Any:
+    """MXNet's own executor for `symbol`, sharing a SegmentedExecutor's arrays as
+    ``simple_bind(shared_exec=...)`` would: MXNet's simple_bind cannot take a
+    SegmentedExecutor, so the arrays are gathered here (shared parameters and their
+    gradients, auxiliary states by name, inputs from shared_buffer) and bound with
+    MXNet's ``Symbol.bind``. Intermediate memory is not shared (no MXNet pool to share)."""
+    import mxnet as mx
+    import numpy as np
+
+    names = symbol.list_arguments()
+    arg_shapes, _, aux_shapes = symbol.infer_shape(**shapes)
+    arg_types, _, aux_types = symbol.infer_type(**(type_dict or {}))
+    arg_types = arg_types or [np.float32] * len(names)
+    aux_types = aux_types or [np.float32] * len(aux_shapes)
+    if isinstance(grad_req, str):
+        req = dict.fromkeys(names, grad_req)
+    elif isinstance(grad_req, (list, tuple)):
+        req = dict(zip(names, grad_req))
+    else:
+        req = {n: grad_req.get(n, "null") for n in names}
+    shared = set(shared_arg_names or [])
+    args, grads = {}, {}
+    for name, shape, dtype in zip(names, arg_shapes, arg_types):
+        mine = shared_exec.arg_dict.get(name)
+        if name in shared and mine is not None and tuple(mine.shape) == tuple(shape):
+            args[name], grads[name] = mine, shared_exec.grad_dict.get(name)
+        elif _fits(shared_buffer, name, shape, np.dtype(dtype).name):
+            args[name] = _first(shared_buffer[name], shape)
+        else:
+            args[name] = mx.nd.zeros(shape, ctx, dtype=dtype)
+            if shared_buffer is not None and name not in shared:
+                shared_buffer[name] = args[name]
+        if req[name] != "null" and grads.get(name) is None:
+            grads[name] = mx.nd.zeros(shape, ctx, dtype=dtype)
+    aux = {}
+    for name, shape, dtype in zip(symbol.list_auxiliary_states(), aux_shapes, aux_types):
+        mine = shared_exec.aux_dict.get(name)
+        aux[name] = mine if mine is not None and tuple(mine.shape) == tuple(shape) else \
+            mx.nd.zeros(shape, ctx, dtype=dtype)
+    return mxnet_adapter.unhooked("bind")(symbol, ctx, args, args_grad=grads, grad_req=req,
+                                          aux_states=aux)
+
+
+def mxnet_bind(original: Any, symbol: Any, ctx: Any, **kwargs: Any) -> Any:
+    """MXNet's own ``simple_bind``/``bind`` (`original`). A SegmentedExecutor as shared_exec
+    (a bucket bound beside a segmented default bucket) is not MXNet's: bind() drops it (its
+    arrays are given), simple_bind shares its arrays through bind_sharing."""
+    shared = kwargs.get("shared_exec")
+    if not isinstance(shared, SegmentedExecutor):
+        return original(symbol, ctx, **kwargs)
+    if "args" in kwargs:
+        return original(symbol, ctx, **{**kwargs, "shared_exec": None})
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("stype_dict", "group2ctx")}
+    return bind_sharing(symbol, ctx, **kwargs)

@@ -49,12 +49,13 @@ class MirrorExecution:
     def bind(self, plan: Plan, ctx: Any, symbol: Any = None, args: Any = None,
              **kwargs: Any) -> Any:
         from . import mxnet_adapter
+        from .executor import mxnet_bind
 
         mx = mxnet_adapter.load_mxnet()
         sym = mx.sym.load_json(self.symbol_json(plan))
         if args is not None:
-            return mxnet_adapter.unhooked("bind")(sym, ctx, args, **kwargs)
-        return mxnet_adapter.unhooked("simple_bind")(sym, ctx, **kwargs)
+            return mxnet_bind(mxnet_adapter.unhooked("bind"), sym, ctx, args=args, **kwargs)
+        return mxnet_bind(mxnet_adapter.unhooked("simple_bind"), sym, ctx, **kwargs)
 
     def training_graph(self, plan: Plan) -> TrainingGraph | None:
         from . import training_graph
@@ -114,7 +115,15 @@ class SegmentedExecution:
         return None  # several executors: no single MXNet training graph
 
     def mxnet_mb(self, plan: Plan) -> float | None:
-        return None  # not yet measured as a whole (several executors and own arrays)
+        """The whole plan as allocated, measured in a child (measure.py): every array the
+        bound executor holds, MB."""
+        return self.measure(plan)["measured_mb"]["total"]
+
+    def measure(self, plan: Plan, steps: int = 0) -> dict:
+        """measure.measure's breakdown (measured and predicted MB) of this plan."""
+        from .measure import measure
+
+        return measure(self.segment_plan, plan.source_json, steps)
 
     def describe(self) -> dict:
         return {"segmented": self.segment_plan.describe()}

@@ -25,7 +25,9 @@ costs (``build_segments``, the walkers, ``dry_run``, ``make_segment_plan``).
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from math import prod
 
 from . import memory, ops, training_graph
@@ -76,6 +78,18 @@ class Segments:
 
     def state_bytes(self, i: int) -> int:
         return sum(self.entry_bytes(e) for e in self.crossing[i])
+
+    @cached_property
+    def one_hop(self) -> frozenset:
+        """Values read only by the segment right after their producer's: their gradient
+        goes straight from the reader's gradient slot into the producer's gradient-input
+        slot (the next backward is the producer's), never held in between."""
+        out = set()
+        for i in range(1, self.m):
+            before = self.crossing[i - 1]
+            after = self.crossing[i + 1] if i + 1 < self.m else frozenset()
+            out |= {e for e in self.crossing[i] if e not in before and e not in after}
+        return frozenset(out)
 
 
 def build_segments(graph: Graph, cuts: list[int]) -> Segments:
@@ -405,7 +419,8 @@ class _DryDriver(Driver):
             self.runs[i] += 1
         self.live = None
         for e in seg.inputs:
-            self.grads[e] = self.sg.entry_bytes(e)
+            if e not in self.sg.one_hop:
+                self.grads[e] = self.sg.entry_bytes(e)
         self._note(state)
         for e in seg.outputs:
             self.grads.pop(e, None)
@@ -468,19 +483,37 @@ def template_memory(sg: Segments) -> tuple[dict[str, int], dict[str, list[int]]]
 
 
 def staging_bytes(sg: Segments) -> int:
-    """Template slots of activation size (boundary values and their gradients, gradient
-    inputs, Dropout masks): shared by name across templates, so the largest per name."""
-    size: dict[str, int] = {}
+    """Every slot array the executor binds besides the pool: activation slots (boundary
+    values and their gradients, gradient inputs, Dropout masks) shared by name across
+    templates, so the largest per name; parameter slots (weights, labels, data, with their
+    gradients) per template, as each template has its own; auxiliary slots (BatchNorm
+    statistics) per name, held by the pool's owner."""
+    shared: dict[str, int] = {}
+    own = 0
+    seen: set[str] = set()
+    by_name = sg.graph.by_name()
+    uses = Counter(seg.key for seg in sg.segments)
     for seg in sg.segments:
-        shapes = sg.slot_shapes[seg.key]
+        shapes, types, req = sg.slot_shapes[seg.key], sg.slot_types[seg.key], sg.slot_req[seg.key]
         for name, key in seg.slots:
-            if key[0] in ("arg", "aux"):
-                continue  # parameter-like (as MXNet's own figure leaves arguments out)
-            b = prod(shapes[name]) * 4
-            size[name] = max(size.get(name, 0), b)
-            if key[0] == "state":
-                size["grad of " + name] = max(size.get("grad of " + name, 0), b)
-    return sum(size.values())
+            if key[0] == "aux":
+                nd = by_name[key[1]]
+                shared[name] = prod(nd.shapes[0]) * _itemsize(nd.dtypes[0])
+                continue
+            b = prod(shapes[name]) * _itemsize(types[name])
+            grad = b if req.get(name) != "null" else 0
+            if key[0] == "arg":  # a template of one segment binds the user's own arrays
+                own += b if seg.key not in seen and uses[seg.key] > 1 else 0
+            else:
+                shared[name] = max(shared.get(name, 0), b)
+            if grad:
+                shared["grad of " + name] = max(shared.get("grad of " + name, 0), grad)
+        seen.add(seg.key)
+    return own + sum(shared.values())
+
+
+def _itemsize(dtype: str) -> int:
+    return {"float16": 2, "float64": 8, "int64": 8, "uint8": 1, "int8": 1}.get(dtype, 4)
 
 
 def pool_blocks(blocks: dict[str, list[int]]) -> list[int]:

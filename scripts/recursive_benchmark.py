@@ -68,7 +68,7 @@ def predict_depth(k: int, batch: int, with_sqrt: bool) -> dict:
     prep = prepare(chain_symbol(2**k), **shapes_for(batch))
     row = {"k": k, "blocks": 2**k}
     for policy in ("none", "sqrt", "recursive") if with_sqrt else ("none", "recursive"):
-        p = prep.plan(policy)
+        p = prep.own_plan(policy)
         row[f"{policy}_mb"] = round(p.planned_bytes / MB, 1)
         row[f"{policy}_ratio"] = round(p.recompute_ratio, 3)
         row[f"{policy}_seconds"] = round(p.plan_seconds, 1)
@@ -79,7 +79,7 @@ def predict_depth(k: int, batch: int, with_sqrt: bool) -> dict:
     return row
 
 
-def child_step(k: int, batch: int, policy: str) -> None:
+def child_step(k: int, batch: int, policy: str, budget: str | None = None) -> None:
     """Run in a child: bind, two training steps, print one JSON line."""
     import mxnet as mx
     import numpy as np
@@ -93,7 +93,8 @@ def child_step(k: int, batch: int, policy: str) -> None:
     if policy == "none":
         ex = sym.simple_bind(mx.cpu(), grad_req=req, **shapes)
     else:
-        ex = mxmirror.simple_bind(sym, mx.cpu(), policy=policy, grad_req=req, **shapes)
+        ex = mxmirror.simple_bind(sym, mx.cpu(), policy=policy, budget=budget,
+                                  grad_req=req, **shapes)
     rng = np.random.RandomState(0)
     for name, arr in ex.arg_dict.items():
         if name == "softmax_label":
@@ -110,7 +111,7 @@ def child_step(k: int, batch: int, policy: str) -> None:
         mx.nd.waitall()
         times.append(time.perf_counter() - t)
     sampler.stop()
-    out = {"k": k, "policy": policy, "peak_rss_mb":
+    out = {"k": k, "policy": policy, "executor": type(ex).__name__, "peak_rss_mb":
            round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
            "rss_above_start_mb": round((sampler.peak - sampler.start) / MB, 1),
            "step_seconds": round(min(times), 3)}
@@ -149,9 +150,10 @@ class _RssSampler:
         self.peak = max(self.peak, self._rss())
 
 
-def run_child(k: int, batch: int, policy: str) -> dict:
+def run_child(k: int, batch: int, policy: str, *budget: str) -> dict:
     env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE="0")
-    proc = subprocess.run([sys.executable, __file__, "_child", str(k), str(batch), policy],
+    proc = subprocess.run([sys.executable, __file__, "_child", str(k), str(batch), policy,
+                           *budget],
                           capture_output=True, text=True, env=env)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -205,7 +207,7 @@ def cmd_resnet1001(args) -> None:
 
     prep = resnet1001_prepared()
     for policy in ("none", "sqrt", "recursive"):
-        p = prep.plan(policy)
+        p = prep.own_plan(policy)
         extra = p.to_dict().get("segmented", "")
         print(f"ResNet-1001 batch 32: {policy:9s} planned {p.planned_mb:8.0f} MB  "
               f"recompute {p.recompute_ratio:5.2f}  ({p.plan_seconds:.0f} s) {extra}",
@@ -213,6 +215,49 @@ def cmd_resnet1001(args) -> None:
 
 
 # ------------------------------------------------------------------ trade-off
+def cmd_whole(args) -> None:
+    """ResNet-1001's segmented plan bound once in a child: every array it holds, measured,
+    against the prediction (kept values: the dry run, as a CPU cannot run the step)."""
+    p = resnet1001_prepared().plan(args.policy, args.budget)
+    print(f"ResNet-1001 batch 32, {args.policy} {args.budget or ''}: {p.summary()}")
+    if p.execution.kind != "segmented":
+        return
+    t = time.perf_counter()
+    r = p.execution.measure(p)
+    print(f"bound in a child in {time.perf_counter() - t:.0f} s")
+    print("| part | measured MB | predicted MB |")
+    print("|---|---|---|")
+    for part in r["measured_mb"]:
+        print(f"| {part} | {r['measured_mb'][part]:.1f} | {r['predicted_mb'][part]:.1f} |")
+    total, pred = r["measured_mb"]["total"], r["predicted_mb"]["total"]
+    print(f"prediction / measured = {pred / total:.4f}; MXNet's figure per template "
+          f"(each drawn from the pool, not added): {r['template_mxnet_mb']}")
+
+
+def cmd_steps(args) -> None:
+    """Step time of none, sqrt, recursive and multilevel on one chain, each in its own
+    child, with the predicted and measured recompute ratios."""
+    from mxmirror.api import prepare
+
+    prep = prepare(chain_symbol(2**args.k), **shapes_for(args.batch))
+    rec, sq = prep.plan("recursive"), prep.plan("sqrt")
+    budget = f"{(rec.planned_bytes + sq.planned_bytes) / 2 / MB:.3f}MB"
+    print(f"chain of {2**args.k} residual blocks, batch {args.batch}; multilevel budget "
+          f"{budget} (between recursive and sqrt)")
+    print("| policy | executor | planned MB | predicted recompute | measured recompute | "
+          "step s | vs none |")
+    print("|---|---|---|---|---|---|---|")
+    base = None
+    for policy, b in (("none", None), ("sqrt", None), ("recursive", None),
+                      ("multilevel", budget)):
+        p = prep.plan(policy, b)
+        r = run_child(args.k, args.batch, policy, *([b] if b else []))
+        base = base or r["step_seconds"]
+        print(f"| {policy} | {r['executor']} | {p.planned_mb:.1f} | {p.recompute_ratio:.2f} | "
+              f"{r.get('measured_recompute', '-')} | {r['step_seconds']:.3f} | "
+              f"{r['step_seconds'] / base:.2f}x |", flush=True)
+
+
 def tradeoff(name: str, prep, max_segments: int) -> dict:
     from mxmirror.planners import dp as multilevel_dp
     from mxmirror.planners.common import candidates, segment_mirror
@@ -225,7 +270,7 @@ def tradeoff(name: str, prep, max_segments: int) -> dict:
     base = a.baseline
     one.append(("none", base.planned_bytes, 0.0))
     for policy in ("cheap", "sqrt"):
-        p = prep.plan(policy)
+        p = prep.own_plan(policy)
         one.append((policy, p.planned_bytes, p.recompute_ratio))
     for c in candidates(a, steps=9, spread=8.0):
         b = c.budget
@@ -233,7 +278,7 @@ def tradeoff(name: str, prep, max_segments: int) -> dict:
         one.append((f"segments B={b / MB:.0f}MB", s.planned_bytes, s.recompute_ratio))
         s = a.score(segment_mirror(a, c.cuts, only_cheap=True))
         one.append((f"cheap segments B={b / MB:.0f}MB", s.planned_bytes, s.recompute_ratio))
-    rec = prep.plan("recursive")
+    rec = prep.own_plan("recursive")
     return {"name": name, "dp": dp, "one": one, "dp_seconds": dp_seconds,
             "recursive": (rec.planned_bytes, rec.recompute_ratio),
             "sqrt": [o for o in one if o[0] == "sqrt"][0][1:]}
@@ -327,7 +372,7 @@ def cmd_tradeoff(args) -> None:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_child":
-        child_step(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+        child_step(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], *sys.argv[5:])
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -340,12 +385,19 @@ def main() -> None:
     p.add_argument("--no-predict", action="store_true")
     p.add_argument("--json")
     sub.add_parser("resnet1001")
+    p = sub.add_parser("whole")
+    p.add_argument("--policy", default="recursive")
+    p.add_argument("--budget")
+    p = sub.add_parser("steps")
+    p.add_argument("--k", type=int, default=5)
+    p.add_argument("--batch", type=int, default=32)
     p = sub.add_parser("tradeoff")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=str(ROOT / "docs" / "figures"))
     p.add_argument("--replot", help="tradeoff_points.json of an earlier run: only redraw")
     args = ap.parse_args()
-    {"depth": cmd_depth, "resnet1001": cmd_resnet1001, "tradeoff": cmd_tradeoff}[args.cmd](args)
+    {"depth": cmd_depth, "resnet1001": cmd_resnet1001, "tradeoff": cmd_tradeoff,
+     "whole": cmd_whole, "steps": cmd_steps}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from mxmirror.mxnet_adapter import unhooked
 ROOT = Path(__file__).resolve().parents[1]
 NO_MKLDNN = os.environ.get("MXNET_MKLDNN_ENABLED") == "0"
 BATCH, SIZE = 8, 8
+DEPTH = 32  # blocks: deep enough that recursive stays segmented under never-worse
 
 
 def _net(layers: int = 4) -> mx.sym.Symbol:
@@ -48,7 +49,7 @@ def _iters(batches: int) -> tuple[mx.io.NDArrayIter, mx.io.NDArrayIter]:
 def _fit(policy: str | None, contexts: int, batches: int, prefix: Path | None = None):
     """Module.fit with eval data and a metric; the values of its saved, reloaded checkpoint."""
     train, val = _iters(batches)
-    mod = mx.mod.Module(_net(8), context=[mx.cpu(i) for i in range(contexts)],
+    mod = mx.mod.Module(_net(DEPTH), context=[mx.cpu(i) for i in range(contexts)],
                         fixed_param_names=["bn2_gamma"])
     kw = dict(eval_data=val, eval_metric=["acc", "ce"], num_epoch=1,
               initializer=mx.init.Xavier(), optimizer_params={"learning_rate": 0.5},
@@ -113,7 +114,7 @@ def _stale_after_backward(ex, repeats: int = 5) -> int:
 
 
 def _bind(bind):
-    ex = bind(_net(8), mx.cpu(), data=(BATCH, 3, 16, 16), softmax_label=(BATCH,))
+    ex = bind(_net(DEPTH), mx.cpu(), data=(BATCH, 3, 16, 16), softmax_label=(BATCH,))
     for a in ex.arg_arrays:
         a[:] = mx.nd.random.uniform(-0.3, 0.3, a.shape)
     for name, a in ex.aux_dict.items():

@@ -2,11 +2,14 @@
 
 On loopback: 1 scheduler, 1 server and 2 workers as subprocesses, with the DMLC_*
 variables MXNet's launcher (tools/launch.py) sets. Each worker trains a Module with
-``kvstore='dist_sync'`` inside ``mxmirror.enabled('sqrt')`` on its half of every global
+``kvstore='dist_sync'`` inside ``mxmirror.enabled(policy)`` on its half of every global
 batch; worker 0 saves its parameters. They must equal a single-process run over the
-whole global batch (Module sets rescale_grad = 1 / global batch in both cases).
+whole global batch (Module sets rescale_grad = 1 / global batch in both cases). Under
+``sqrt`` an MLP binds MXNet's executor with mirror attributes; under ``recursive`` a deep
+conv chain (no BatchNorm, whose batch statistics would differ per worker) binds the
+segmented executor.
 
-``python tests/test_dist.py worker OUT.npz`` is the worker (run by the test).
+``python tests/test_dist.py worker OUT.npz POLICY`` is the worker (run by the test).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parents[1]
@@ -31,9 +35,13 @@ CLASSES = 10
 TIMEOUT = 90  # seconds for the whole cluster
 
 
-def net():
+def net(policy: str = "sqrt"):
     import mxnet as mx
 
+    if policy == "recursive":
+        from symbols.chain import conv_chain
+
+        return conv_chain(48, 8, CLASSES, batchnorm=False)
     x = mx.sym.var("data")
     for i in range(5):
         x = mx.sym.Activation(mx.sym.FullyConnected(x, num_hidden=256, name=f"fc{i}"),
@@ -49,47 +57,61 @@ def batches():
              rng.randint(0, CLASSES, GLOBAL_BATCH).astype("float32")) for _ in range(STEPS)]
 
 
-def initial_params(sym):
+def data_shape(policy: str, batch: int) -> tuple:
+    """The features as a vector, or as a one-channel 8x8 image for the conv chain."""
+    return (batch, 1, 8, 8) if policy == "recursive" else (batch, FEATURES)
+
+
+def initial_params(sym, policy: str = "sqrt"):
     rng = np.random.RandomState(3)
-    arg_shapes, _, _ = sym.infer_shape(data=(GLOBAL_BATCH, FEATURES))
+    arg_shapes, _, _ = sym.infer_shape(data=data_shape(policy, GLOBAL_BATCH))
     import mxnet as mx
 
-    return {n: mx.nd.array(rng.uniform(-0.1, 0.1, s))
+    scale = 0.3 if policy == "recursive" else 0.1  # 48 conv-ReLU layers keep their scale
+    return {n: mx.nd.array(rng.uniform(-scale, scale, s))
             for n, s in zip(sym.list_arguments(), arg_shapes)
             if n not in ("data", "softmax_label")}
 
 
-def train(kvstore: str, rank: int = 0, num_workers: int = 1) -> tuple[dict, int]:
-    """Train STEPS steps on this worker's slice; return the parameters and mirrored count."""
+def train(kvstore: str, rank: int = 0, num_workers: int = 1,
+          policy: str = "sqrt") -> tuple[dict, int]:
+    """Train STEPS steps on this worker's slice; return the parameters and how many nodes
+    the bound executor recomputes (mirrored nodes, or the segmented plan's)."""
     import mxnet as mx
 
     import mxmirror
 
-    sym = net()
+    sym = net(policy)
     local = GLOBAL_BATCH // num_workers
-    with mxmirror.enabled("sqrt"):
+    with mxmirror.enabled(policy):
         mod = mx.mod.Module(sym, context=mx.cpu())
-        mod.bind(data_shapes=[("data", (local, FEATURES))],
+        mod.bind(data_shapes=[("data", data_shape(policy, local))],
                  label_shapes=[("softmax_label", (local,))])
-    mod.init_params(arg_params=initial_params(sym), allow_missing=False)
+    mod.init_params(arg_params=initial_params(sym, policy), allow_missing=False)
     mod.init_optimizer(kvstore=kvstore, optimizer="sgd",
                        optimizer_params={"learning_rate": 0.1, "momentum": 0.9})
     for data, label in batches():
         part = slice(rank * local, (rank + 1) * local)
-        mod.forward_backward(mx.io.DataBatch([mx.nd.array(data[part])],
-                                             [mx.nd.array(label[part])]))
+        x = data[part].reshape(data_shape(policy, local))
+        mod.forward_backward(mx.io.DataBatch([mx.nd.array(x)], [mx.nd.array(label[part])]))
         mod.update()
     args, _ = mod.get_params()
-    bound = mod._exec_group.execs[0]._symbol.attr_dict()
-    mirrored = sum(1 for a in bound.values() if a.get("__force_mirroring__") == "True")
+    ex = mod._exec_group.execs[0]
+    if hasattr(ex, "plan"):  # the segmented executor: nodes of the segments run again
+        sp = ex.plan
+        mirrored = sum(len(seg.nodes) for seg, runs in zip(sp.segments.segments, sp.dry.runs)
+                       if runs > 1)
+    else:
+        bound = ex._symbol.attr_dict()
+        mirrored = sum(1 for a in bound.values() if a.get("__force_mirroring__") == "True")
     return {k: v.asnumpy() for k, v in args.items()}, mirrored
 
 
-def worker(out: str) -> None:
+def worker(out: str, policy: str) -> None:
     import mxnet as mx
 
     kv = mx.kv.create("dist_sync")
-    params, mirrored = train(kv, kv.rank, kv.num_workers)
+    params, mirrored = train(kv, kv.rank, kv.num_workers, policy)
     if kv.rank == 0:
         np.savez(out, **params)
         Path(out + ".json").write_text(json.dumps({"mirrored": mirrored,
@@ -112,7 +134,7 @@ def _cluster_env(role: str, port: int) -> dict[str, str]:
     return env
 
 
-def run_cluster(out: Path) -> list[subprocess.CompletedProcess | str]:
+def run_cluster(out: Path, policy: str) -> list[subprocess.CompletedProcess | str]:
     """Scheduler, server, two workers; every process killed on the way out."""
     port = _free_port()
     procs = []
@@ -120,7 +142,7 @@ def run_cluster(out: Path) -> list[subprocess.CompletedProcess | str]:
     try:
         for role in ("scheduler", "server", "worker", "worker"):
             cmd = ([sys.executable, "-c", "import mxnet"] if role != "worker"
-                   else [sys.executable, str(HERE), "worker", str(out)])
+                   else [sys.executable, str(HERE), "worker", str(out), policy])
             log = open(out.parent / f"{role}{len(procs)}.log", "w+")
             logs.append(log)
             procs.append(subprocess.Popen(cmd, env=_cluster_env(role, port), cwd=ROOT,
@@ -142,20 +164,21 @@ def run_cluster(out: Path) -> list[subprocess.CompletedProcess | str]:
     return [(p.returncode, t) for p, t in zip(procs, texts)]
 
 
-def test_dist_sync_planned_matches_single_process(tmp_path) -> None:
+@pytest.mark.parametrize("policy", ["sqrt", "recursive"])
+def test_dist_sync_planned_matches_single_process(policy, tmp_path) -> None:
     out = tmp_path / "worker0.npz"
-    results = run_cluster(out)
+    results = run_cluster(out, policy)
     for role, (code, text) in zip(("scheduler", "server", "worker0", "worker1"), results):
         assert code == 0, f"{role} exited {code}:\n{text[-2000:]}"
     info = json.loads(Path(str(out) + ".json").read_text())
     assert info["num_workers"] == 2
     assert info["mirrored"] > 0, "the workers did not bind a planned symbol"
     dist = dict(np.load(out))
-    single, mirrored = train("local")
+    single, mirrored = train("local", policy=policy)
     assert mirrored == info["mirrored"]
     assert dist.keys() == single.keys()
-    start = {k: v.asnumpy() for k, v in initial_params(net()).items()}
-    assert all(np.abs(single[k] - start[k]).max() > 1e-4 for k in start), "nothing trained"
+    start = {k: v.asnumpy() for k, v in initial_params(net(policy), policy).items()}
+    assert all(np.abs(single[k] - start[k]).max() > 1e-5 for k in start), "nothing trained"
     for name in single:
         np.testing.assert_allclose(dist[name], single[name], rtol=1e-5, atol=1e-6,
                                    err_msg=name)
@@ -164,7 +187,7 @@ def test_dist_sync_planned_matches_single_process(tmp_path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "worker":
-        worker(sys.argv[2])
+    if len(sys.argv) == 4 and sys.argv[1] == "worker":
+        worker(sys.argv[2], sys.argv[3])
     else:
-        sys.exit("usage: python tests/test_dist.py worker OUT.npz")
+        sys.exit("usage: python tests/test_dist.py worker OUT.npz POLICY")

@@ -14,6 +14,7 @@ from mxmirror.plan import annotate_json
 from mxmirror.planners import search
 from mxmirror.planners.common import greedy_cuts, segment_mirror
 from symbols import lstm
+from symbols.chain import conv_chain
 from symbols.resnet import resnet, resnet_by_depth
 
 
@@ -63,16 +64,11 @@ def test_unread_copies_of_cheap_ops_are_kept_when_they_save_memory() -> None:
 
 def test_budget_below_one_recomputation_falls_back_to_the_multilevel_executor() -> None:
     """A budget no one-recompute plan meets gets a segmented plan that fits, and trains."""
-    x = mx.sym.var("data")
-    for i in range(24):
-        x = mx.sym.Activation(mx.sym.FullyConnected(x, num_hidden=256, name=f"fc{i}"),
-                              act_type="tanh", name=f"act{i}")
-    sym = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(x, num_hidden=10, name="out"),
-                               name="softmax")
-    shapes = dict(data=(128, 256), softmax_label=(128,))
+    sym = conv_chain(48, 8, batchnorm=False)  # deep and narrow: segments win
+    shapes = dict(data=(16, 3, 8, 8), softmax_label=(16,))
     prep = prepare(sym, **shapes)
     one_recompute = prep.plan("optimal")
-    deepest = prep.plan("recursive")
+    deepest = prep.own_plan("recursive")
     assert deepest.planned_bytes < one_recompute.planned_bytes, "no room below one recompute"
     budget = (one_recompute.planned_bytes + deepest.planned_bytes) // 2
     p = mxmirror.plan(sym, policy="budget", budget=budget, **shapes)

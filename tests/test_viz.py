@@ -250,7 +250,7 @@ def test_viz_command_bad_input(tmp_path, capsys, extra, message):
 
 def test_segmented_plan_draws(graph_source, tmp_path):
     """recursive plans run on the segmented executor: drawn, timeline without a plan curve."""
-    p = graph_source.plan("recursive")
+    p = graph_source.own_plan("recursive")  # the segmented plan, even where it loses
     nodes, _ = parse_dot(viz.to_dot(p))
     assert any(a["class"] == "recomputed" for a in nodes.values())
     data = viz.timeline_data(p)

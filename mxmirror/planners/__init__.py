@@ -75,12 +75,29 @@ def resolve(policy: str, budget: Any = None) -> tuple[str, int | None]:
 
 def make_plan(analysis: Analysis, policy: str = "sqrt", budget: Any = None,
               source_json: str | None = None, inputs: BindInputs | None = None) -> Plan:
-    """Run a policy on an analysed graph: a Plan never worse than no plan."""
+    """Run a policy on an analysed graph: a Plan never worse than no plan, and segmented
+    only where that is below the best one-recompute plan for the same budget too."""
+    return _make(analysis, policy, budget, source_json, inputs, never_worse=True)
+
+
+def own_plan(analysis: Analysis, policy: str = "sqrt", budget: Any = None,
+             source_json: str | None = None, inputs: BindInputs | None = None) -> Plan:
+    """The policy's own plan, segmented even where a one-recompute plan is smaller (for
+    studies of the segmented executor: its tests and benchmarks)."""
+    return _make(analysis, policy, budget, source_json, inputs, never_worse=False)
+
+
+def _make(analysis: Analysis, policy: str, budget: Any, source_json: str | None,
+          inputs: BindInputs | None, never_worse: bool) -> Plan:
     name, budget_bytes = resolve(policy, budget)
     start = time.perf_counter()
     choice = STRATEGIES[name](analysis, budget_bytes)
     base = analysis.baseline
     notes = list(choice.notes)
+    if never_worse and choice.segments is not None and name != "budget":
+        # budget's own segmented choice is below every one-recompute plan by construction
+        choice, why = _segmented_or_one_recompute(analysis, choice, budget_bytes)
+        notes += [why] if why else []
     recomputes = bool(choice.score.mirror)
     if choice.segments is not None and not recomputes:
         notes.append("nothing is recomputed: the graph is left as it is")
@@ -96,3 +113,17 @@ def make_plan(analysis: Analysis, policy: str = "sqrt", budget: Any = None,
                 base.planned_bytes, choice.score.planned_bytes, choice.score.recompute_ratio,
                 execution, inputs=inputs, source_json=source_json,
                 plan_seconds=time.perf_counter() - start, notes=notes)
+
+
+def _segmented_or_one_recompute(a: Analysis, segmented: Choice,
+                                budget_bytes: int | None) -> tuple[Choice, str]:
+    """Never worse: a segmented choice only below both no plan and the best one-recompute
+    plan for the same budget; otherwise that plan (no recomputation: plain bind), and why."""
+    alt = budget.one_recompute(a, budget_bytes)
+    seg_bytes = segmented.score.planned_bytes
+    if seg_bytes < min(alt.score.planned_bytes, a.baseline.planned_bytes):
+        return segmented, ""
+    which = "the one-recompute plan" if alt.score.mirror else "no plan"
+    return alt, (f"{which} is used: the segmented plan ({seg_bytes / 2**20:.2f} MB predicted, "
+                 f"{segmented.score.recompute_ratio:.2f}x recompute) is not below {which} "
+                 f"({alt.score.planned_bytes / 2**20:.2f} MB)")

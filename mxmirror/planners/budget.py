@@ -21,17 +21,7 @@ from .dp import plan_for_budget
 def choose(a: Analysis, budget_bytes: int | None = None) -> Choice:
     if a.baseline.planned_bytes <= budget_bytes:
         return Choice(a.baseline)
-    options = [Choice(a.baseline), mirror_choice(a, cheap_mirror(a))]
-    seen = {frozenset(), frozenset(cheap_mirror(a))}
-    for c in candidates(a, steps=17, spread=8.0):
-        for m in (segment_mirror(a, c.cuts, only_cheap=True), c.mirror):
-            if frozenset(m) not in seen:
-                seen.add(frozenset(m))
-                options.append(mirror_choice(a, m, c.cuts))
-    # the sqrt policy's own pick too: budget never recomputes more than sqrt where sqrt fits
-    sq = best_of(a, candidates(a))
-    if sq is not None:
-        options.append(mirror_choice(a, sq[1].mirror, sq[1].cuts))
+    options = _options(a)
     fits = [o for o in options if o.score.planned_bytes <= budget_bytes]
     if fits:
         return min(fits, key=lambda o: (o.score.recompute_ratio, o.score.planned_bytes))
@@ -45,3 +35,30 @@ def choose(a: Analysis, budget_bytes: int | None = None) -> Choice:
         f"no plan with one recomputation per node fits (smallest "
         f"{one_recompute / 2**20:.0f} MB): segments are recomputed several times by the "
         f"segmented executor",))
+
+
+def one_recompute(a: Analysis, budget_bytes: int | None = None) -> Choice:
+    """The best plan recomputing each node at most once: the least recompute that fits the
+    budget, else (or without a budget) the least memory; no plan if nothing is lower."""
+    options = _options(a)
+    fits = [o for o in options if budget_bytes is not None
+            and o.score.planned_bytes <= budget_bytes]
+    if fits:
+        return min(fits, key=lambda o: (o.score.recompute_ratio, o.score.planned_bytes))
+    return min(options, key=lambda o: (o.score.planned_bytes, o.score.recompute_ratio))
+
+
+def _options(a: Analysis) -> list[Choice]:
+    """Every one-recompute plan budget weighs, no plan first."""
+    options = [Choice(a.baseline), mirror_choice(a, cheap_mirror(a))]
+    seen = {frozenset(), frozenset(cheap_mirror(a))}
+    for c in candidates(a, steps=17, spread=8.0):
+        for m in (segment_mirror(a, c.cuts, only_cheap=True), c.mirror):
+            if frozenset(m) not in seen:
+                seen.add(frozenset(m))
+                options.append(mirror_choice(a, m, c.cuts))
+    # the sqrt policy's own pick too: budget never recomputes more than sqrt where sqrt fits
+    sq = best_of(a, candidates(a))
+    if sq is not None:
+        options.append(mirror_choice(a, sq[1].mirror, sq[1].cuts))
+    return options

@@ -1,0 +1,109 @@
+"""The whole segmented plan as allocated, measured in a child process.
+
+MXNet's ``Total X MB allocated`` of one executor is the storage its memory plan
+uses; the template executors of a SegmentedExecutor all take theirs from one pool,
+so their figures overlap and are not summed. What the plan really holds is the
+pool (the owner executor's arrays), every slot array bound to a template (shared
+activation slots once, each template's own parameter slots and gradients), the
+copies of the outputs, the Dropout masks, and the kept boundary values and
+gradients at their peak (measured over real steps when any are run, else the dry
+run of the same walker, which the tests check equals the measured peak).
+
+``python -m mxmirror.measure JOB`` is the child: it reads the pickled segment plan,
+symbol and step count from JOB and prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import PlanError
+
+
+def allocated_bytes(ex: Any) -> dict[str, int]:
+    """Bytes of every array a bound SegmentedExecutor holds, by part (see module doc)."""
+    owner = ex.pool_owner
+    pool = 0
+    if owner is not None:
+        pool = sum(_nbytes(a) for a in list(owner.outputs) + list(owner.arg_arrays)
+                   + list(owner.aux_arrays))
+    shared = sum(_nbytes(a) for a in ex._slot_buffer.values())
+    own = 0
+    for key, t in ex.executors.items():
+        for name, a in t.arg_dict.items():
+            lent = name in ex._slot_buffer or (key, name) in ex._user_bound
+            own += 0 if lent else _nbytes(a)
+        for name, g in t.grad_dict.items():
+            own += 0 if g is None or "grad of " + name in ex._slot_buffer else _nbytes(g)
+    masks = sum(_nbytes(a) for a in list(ex._ones.values()) + list(ex._masks.values()))
+    ran = ex.forward_flops_run > 0
+    kept = ex.peak_kept_bytes if ran else ex.plan.dry.peak_bytes
+    out = {"pool": pool, "slots": shared + own, "outputs": sum(_nbytes(a) for a in ex.outputs),
+           "masks": masks if ran else ex.plan.mask_bytes, "kept": kept}
+    out["total"] = sum(out.values())
+    return out
+
+
+def measure(segment_plan: Any, symbol_json: str, steps: int = 0) -> dict:
+    """Bind `segment_plan` for `symbol_json` in a child (see _child), run `steps` training
+    steps there: the measured and predicted figures, in MB."""
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Path(tmp) / "job.pickle"
+        job.write_bytes(pickle.dumps((segment_plan, symbol_json, steps)))
+        env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE="0")
+        pkg_parent = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH"))
+                                            if p)
+        proc = subprocess.run([sys.executable, "-m", "mxmirror.measure", str(job)],
+                              capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise PlanError(f"could not bind the segmented plan: {tail[:300]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _child(path: str) -> None:
+    """Bind a SegmentedExecutor, run `steps` training steps on random inputs, print JSON."""
+    import re
+
+    import mxnet as mx
+    import numpy as np
+
+    from .executor import SegmentedExecutor
+
+    sp, symbol_json, steps = pickle.loads(Path(path).read_bytes())
+    sym = mx.sym.load_json(symbol_json)
+    ex = SegmentedExecutor(sym, mx.cpu(), sp)
+    rng = np.random.RandomState(0)
+    for _ in range(steps):
+        for name, a in ex.arg_dict.items():
+            a[:] = rng.randint(0, 2, a.shape) if "label" in name else \
+                rng.uniform(-1, 1, a.shape)
+        ex.forward(is_train=True)
+        ex.backward()
+        mx.nd.waitall()
+    mb = {k: round(v / 2**20, 3) for k, v in allocated_bytes(ex).items()}
+    figures = [int(re.search(r"Total (\d+) MB", t.debug_str()).group(1))
+               for t in ex.executors.values()]
+    predicted = {"pool": sp.pool_bytes, "slots": sp.staging_bytes, "outputs": sp.output_bytes,
+                 "masks": sp.mask_bytes, "kept": sp.dry.peak_bytes, "total": sp.planned_bytes}
+    print(json.dumps({"measured_mb": mb,
+                      "predicted_mb": {k: round(v / 2**20, 3) for k, v in predicted.items()},
+                      "template_mxnet_mb": figures, "steps": steps}))
+
+
+def _nbytes(a: Any) -> int:
+    import numpy as np
+
+    return int(a.size) * np.dtype(a.dtype).itemsize
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1])
