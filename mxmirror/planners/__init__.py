@@ -16,7 +16,7 @@ from typing import Any
 from ..analysis import Analysis
 from ..errors import PlanError
 from ..plan import BindInputs, MirrorExecution, Plan, SegmentedExecution
-from . import budget, cheap, multilevel, none, recursive, search, sqrt
+from . import auto, budget, cheap, multilevel, none, recursive, search, sqrt
 from .common import Choice
 
 STRATEGIES: dict[str, Callable[[Analysis, int | None], Choice]] = {
@@ -27,6 +27,7 @@ STRATEGIES: dict[str, Callable[[Analysis, int | None], Choice]] = {
     "search": search.choose,
     "recursive": recursive.choose,
     "multilevel": multilevel.choose,
+    "auto": auto.choose,
 }
 ALIASES = {"optimal": "search"}  # the name `search` had before it said what it is
 POLICIES: tuple[str, ...] = (*STRATEGIES, *ALIASES)  # every name a user may give
@@ -66,16 +67,20 @@ def resolve(policy: str, budget: Any = None) -> tuple[str, int | None]:
         raise PlanError(f"policy {policy!r} needs a budget, e.g. --budget 800MB "
                         f"(budget=\"800MB\" in Python, MXMIRROR_BUDGET=800MB with "
                         f"MXMIRROR_POLICY)")
-    if name not in NEEDS_BUDGET and budget_bytes is not None:  # never silently ignored
+    if name not in (*NEEDS_BUDGET, "auto") and budget_bytes is not None:  # never ignored
         raise PlanError(f"policy {policy!r} takes no budget; only "
-                        f"{' and '.join(NEEDS_BUDGET)} plan to a budget: drop the budget "
-                        f"or choose one of those")
+                        f"{', '.join(NEEDS_BUDGET)} and auto plan to a budget: drop the "
+                        f"budget or choose one of those")
     return name, budget_bytes
 
 
 def make_plan(analysis: Analysis, policy: str = "sqrt", budget: Any = None,
-              source_json: str | None = None, inputs: BindInputs | None = None) -> Plan:
-    """Run a policy on an analysed graph: a Plan never worse than no plan."""
+              source_json: str | None = None, inputs: BindInputs | None = None,
+              budget_source: str | None = None) -> Plan:
+    """Run a policy on an analysed graph: a Plan never worse than no plan.
+
+    ``budget_source``: where the budget came from (said in the plan's summary); by
+    default "given" when there is a budget."""
     name, budget_bytes = resolve(policy, budget)
     start = time.perf_counter()
     choice = STRATEGIES[name](analysis, budget_bytes)
@@ -95,4 +100,6 @@ def make_plan(analysis: Analysis, policy: str = "sqrt", budget: Any = None,
     return Plan(name, analysis, choice.score.mirror, list(choice.checkpoints),
                 base.planned_bytes, choice.score.planned_bytes, choice.score.recompute_ratio,
                 execution, inputs=inputs, source_json=source_json,
-                plan_seconds=time.perf_counter() - start, notes=notes)
+                plan_seconds=time.perf_counter() - start, notes=notes,
+                budget=None if budget_bytes is None else
+                f"{budget_bytes / 2**20:.0f} MB ({budget_source or 'given'})")

@@ -25,6 +25,7 @@ import weakref
 from dataclasses import dataclass
 
 from ..analysis import Analysis
+from ..errors import PlanError
 from . import search, sqrt
 from .cheap import cheap_mirror
 from .common import Choice, candidates, mirror_choice, segment_mirror, segmented_choice
@@ -123,3 +124,24 @@ def _mixed(a: Analysis, choice: Choice, cheap: set[int]) -> list[Point]:
             for m in (head | tail, head):
                 out.append(_point("mixed", Choice(a.score(m), kept)))
     return out
+
+
+def choose_within(a: Analysis, budget_bytes: int, or_smallest: bool = False) -> Choice:
+    """The least-recompute Choice that fits; where none does, the smallest plan
+    (``or_smallest``) or a PlanError naming the smallest figure and its policy."""
+    if a.baseline.planned_bytes <= budget_bytes:
+        return Choice(a.baseline)
+    point = least_recompute(a, budget_bytes)
+    note = f"least recompute within {budget_bytes / 2**20:.0f} MB"
+    if point is None:
+        low = smallest(a)
+        if not or_smallest:
+            raise PlanError(f"budget {budget_bytes / 2**20:.1f} MB is below the smallest "
+                            f"planned memory any policy reaches: "
+                            f"{low.planned_bytes / 2**20:.1f} MB (the {low.policy} plan, "
+                            f"{low.recompute_ratio:.2f}x recompute); raise the budget")
+        point = low
+        note = (f"no plan fits {budget_bytes / 2**20:.0f} MB; the smallest any policy "
+                f"reaches ({low.planned_bytes / 2**20:.0f} MB) is used")
+    c = point.choice
+    return Choice(c.score, c.checkpoints, c.segments, (f"{note}: a {point.policy} plan",))
