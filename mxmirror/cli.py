@@ -260,7 +260,11 @@ def cmd_fit(args) -> int:
     from . import fitting
     from .api import parse_budget
 
-    memory = parse_budget(args.memory)
+    try:
+        memory = parse_budget(args.memory)
+    except PlanError:
+        raise PlanError(f"--memory must be a size such as 12GB or 800MB, not "
+                        f"{args.memory!r}") from None
     policies = (args.policy,) if args.policy else fitting.POLICIES
     fitting.check_policies(policies)
     if args.depth:

@@ -128,7 +128,7 @@ CASES = [
      lambda: mxmirror.plan(cond_net(), data=(4, 8)), "control-flow op (_cond"),
     ("budget_too_small", "budget below the smallest reachable plan",
      lambda: mxmirror.plan(fc_net(bn=True), policy="budget", budget="1KB", data=(64, 256)),
-     "below the smallest planned memory reachable"),
+     "below the smallest planned memory any policy reaches"),
     ("budget_missing", "policy budget without a budget",
      lambda: mxmirror.plan(fc_net(), policy="budget", **S), "needs a budget"),
     ("multilevel_budget_missing", "policy multilevel without a budget",

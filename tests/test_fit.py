@@ -103,7 +103,7 @@ def test_depth_search_finds_the_deepest_cifar_resnet(capsys) -> None:
 @pytest.mark.parametrize(("argv", "message"), [
     (["--shape", "data=32,3,32,32", "--memory", "1GB"], "write the batch dimension as N"),
     (["--shape", "data=N,x,32", "--memory", "1GB"], "positive integers or N"),
-    (["--shape", "data=N,3,32,32", "--memory", "lots"], "size such as"),
+    (["--shape", "data=N,3,32,32", "--memory", "lots"], "--memory must be a size"),
     (["--shape", "data=N,3,32,32", "--memory", "1GB", "--policy", "bogus"], "unknown policy"),
 ])
 def test_bad_input_exits_2(symbol_file, capsys, argv, message) -> None:
