@@ -69,8 +69,9 @@ def _plan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="sqrt", choices=list(POLICIES),
                    help="what to recompute (default: %(default)s)")
     p.add_argument("--budget", default=None, metavar="SIZE",
-                   help=f"memory budget such as 800MB or 1.5GB; required by, and only taken "
-                        f"by, --policy {' and '.join(NEEDS_BUDGET)} (no default)")
+                   help=f"memory budget such as 800MB or 1.5GB; required by --policy "
+                        f"{' and '.join(NEEDS_BUDGET)}, optional for auto (default: the free "
+                        f"memory), taken by no other policy (no default)")
 
 
 def _common(p: argparse.ArgumentParser) -> None:

@@ -16,11 +16,10 @@ from typing import Any
 from .api import Prepared, prepare
 from .device_memory import resident_bytes
 from .errors import PlanError
-from .planners import NEEDS_BUDGET, resolve
+from .planners import BUDGETED, resolve
 
 POLICIES = ("none", "cheap", "sqrt", "search", "recursive", "multilevel")
 COUNTED = "planned intermediates + arguments + argument gradients + aux states"
-BUDGETED = (*NEEDS_BUDGET, "auto")  # planned for the memory the resident arrays leave
 LIMIT = 1 << 20  # no size beyond this is searched
 KEPT_GRAPHS = 3  # analysed graphs kept while searching (big graphs take memory)
 

@@ -31,7 +31,8 @@ STRATEGIES: dict[str, Callable[[Analysis, int | None], Choice]] = {
 }
 ALIASES = {"optimal": "search"}  # the name `search` had before it said what it is
 POLICIES: tuple[str, ...] = (*STRATEGIES, *ALIASES)  # every name a user may give
-NEEDS_BUDGET = ("budget", "multilevel")  # the only policies that read a budget
+NEEDS_BUDGET = ("budget", "multilevel")  # the policies that cannot plan without a budget
+BUDGETED = (*NEEDS_BUDGET, "auto")  # the policies that read a budget (auto: optional)
 
 _UNITS = {"": 1, "B": 1, "KB": 2**10, "K": 2**10, "MB": 2**20, "M": 2**20, "GB": 2**30,
           "G": 2**30, "TB": 2**40}
@@ -67,10 +68,9 @@ def resolve(policy: str, budget: Any = None) -> tuple[str, int | None]:
         raise PlanError(f"policy {policy!r} needs a budget, e.g. --budget 800MB "
                         f"(budget=\"800MB\" in Python, MXMIRROR_BUDGET=800MB with "
                         f"MXMIRROR_POLICY)")
-    if name not in (*NEEDS_BUDGET, "auto") and budget_bytes is not None:  # never ignored
-        raise PlanError(f"policy {policy!r} takes no budget; only "
-                        f"{', '.join(NEEDS_BUDGET)} and auto plan to a budget: drop the "
-                        f"budget or choose one of those")
+    if name not in BUDGETED and budget_bytes is not None:  # never silently ignored
+        raise PlanError(f"policy {policy!r} takes no budget; only {', '.join(BUDGETED)} "
+                        f"plan to a budget: drop the budget or choose one of those")
     return name, budget_bytes
 
 
@@ -101,5 +101,5 @@ def make_plan(analysis: Analysis, policy: str = "sqrt", budget: Any = None,
                 base.planned_bytes, choice.score.planned_bytes, choice.score.recompute_ratio,
                 execution, inputs=inputs, source_json=source_json,
                 plan_seconds=time.perf_counter() - start, notes=notes,
-                budget=None if budget_bytes is None else
+                budget=None if budget_bytes is None or name not in BUDGETED else
                 f"{budget_bytes / 2**20:.0f} MB ({budget_source or 'given'})")
