@@ -135,7 +135,7 @@ CASES = [
      lambda: mxmirror.plan(fc_net(), policy="multilevel", **S), "needs a budget"),
     ("budget_not_taken", "a budget for a policy that plans without one (sqrt)",
      lambda: mxmirror.plan(fc_net(), policy="sqrt", budget="800MB", **S),
-     "takes no budget; only budget and multilevel plan to a budget"),
+     "takes no budget; only budget, multilevel and auto plan to a budget"),
     ("hook_budget_missing", "the bind hook: policy budget without a budget",
      lambda: mxmirror.enable("budget"), "needs a budget"),
     ("hook_budget_not_taken", "the bind hook: a budget for optimal",

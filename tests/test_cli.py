@@ -276,7 +276,7 @@ def test_bad_input_real_process(case, files) -> None:
 
 @pytest.mark.parametrize(("argv", "message"), [
     ("plan {resnet} --shape data=4,3,32,32 --policy sqrt --budget 800MB",
-     "policy 'sqrt' takes no budget; only budget and multilevel plan to a budget"),
+     "policy 'sqrt' takes no budget; only budget, multilevel and auto plan to a budget"),
     ("plan {resnet} --shape data=4,3,32,32 --policy multilevel", "needs a budget"),
     ("run --policy budget {resnet}", "needs a budget"),
     ("demo --quick --out {resnet}", "is a file; demo writes several drawings into a folder"),

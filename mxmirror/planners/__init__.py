@@ -69,8 +69,9 @@ def resolve(policy: str, budget: Any = None) -> tuple[str, int | None]:
                         f"(budget=\"800MB\" in Python, MXMIRROR_BUDGET=800MB with "
                         f"MXMIRROR_POLICY)")
     if name not in BUDGETED and budget_bytes is not None:  # never silently ignored
-        raise PlanError(f"policy {policy!r} takes no budget; only {', '.join(BUDGETED)} "
-                        f"plan to a budget: drop the budget or choose one of those")
+        raise PlanError(f"policy {policy!r} takes no budget; only "
+                        f"{', '.join(BUDGETED[:-1])} and {BUDGETED[-1]} plan to a budget: "
+                        f"drop the budget or choose one of those")
     return name, budget_bytes
 
 
