@@ -7,6 +7,7 @@ from typing import Any
 
 from . import mxnet_adapter
 from .analysis import Analysis
+from .device_memory import auto_budget
 from .errors import PlanError
 from .plan import BindInputs, Plan, strip_json
 from .planners import make_plan, own_plan, parse_budget, resolve
@@ -22,8 +23,14 @@ class Prepared:
     source_json: str  # the symbol without mirror attributes
     inputs: BindInputs
 
-    def plan(self, policy: str = "sqrt", budget: Any = None) -> Plan:
-        return make_plan(self.analysis, policy, budget, self.source_json, self.inputs)
+    def plan(self, policy: str = "sqrt", budget: Any = None, ctx: Any = None) -> Plan:
+        """``ctx``: for policy ``auto`` without a budget, the device whose free memory is
+        the budget (default: the CPU's available memory)."""
+        source = None
+        if resolve(policy, budget) == ("auto", None):
+            budget, source = auto_budget(self.analysis.graph, ctx)
+        return make_plan(self.analysis, policy, budget, self.source_json, self.inputs,
+                         budget_source=source)
 
     def own_plan(self, policy: str = "sqrt", budget: Any = None) -> Plan:
         """The policy's own plan, segmented even where one recomputation is smaller."""
@@ -31,15 +38,19 @@ class Prepared:
 
 
 def plan(symbol: Any, policy: str = "sqrt", budget: Any = None,
-         type_dict: dict[str, str] | None = None, grad_req: Any = None, **shapes: Any) -> Plan:
+         type_dict: dict[str, str] | None = None, grad_req: Any = None, ctx: Any = None,
+         **shapes: Any) -> Plan:
     """Plan which nodes to recompute so that training fits in less memory.
 
     `symbol` is an mx.sym.Symbol, JSON text or a path; `shapes` are the input
     shapes as for simple_bind. ``plan.bind(ctx)`` trains with it; for the policies
-    MXNet's own executor runs, ``plan.symbol`` binds in plain MXNet.
+    MXNet's own executor runs, ``plan.symbol`` binds in plain MXNet. Policy ``auto``
+    without a budget plans for the free memory of ``ctx`` (default: the CPU's
+    available memory) less arguments, gradients, aux states and a margin.
     """
     resolve(policy, budget)  # bad policy or budget: say so before reading the graph
-    return prepare(symbol, type_dict=type_dict, grad_req=grad_req, **shapes).plan(policy, budget)
+    return prepare(symbol, type_dict=type_dict, grad_req=grad_req,
+                   **shapes).plan(policy, budget, ctx)
 
 
 def prepare(symbol: Any, type_dict: dict[str, str] | None = None, grad_req: Any = None,

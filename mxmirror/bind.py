@@ -72,7 +72,7 @@ def simple_bind(symbol: Any, ctx: Any, policy: str = "sqrt", budget: Any = None,
     """Symbol.simple_bind with a plan; same arguments plus the plan's."""
     _install()
     p = _plan_for(symbol, policy, budget, kwargs.get("grad_req", "write"),
-                  kwargs.get("type_dict"), _shape_kwargs(kwargs), strict=True)
+                  kwargs.get("type_dict"), _shape_kwargs(kwargs), ctx, strict=True)
     if p is None:
         return order_aux_updates(mxnet_bind(_originals["simple_bind"], symbol, ctx, **kwargs))
     return p.bind(ctx, symbol=symbol, **kwargs)
@@ -84,9 +84,11 @@ def _shape_kwargs(kwargs: dict) -> dict:
     return {k: v for k, v in kwargs.items() if k not in named}
 
 
-def _plan_for(symbol, policy, budget, grad_req, type_dict, shapes, strict=False) -> Plan | None:
+def _plan_for(symbol, policy, budget, grad_req, type_dict, shapes, ctx=None,
+              strict=False) -> Plan | None:
     """The plan for `symbol` (cached per graph, shapes, grad_req and policy), or None when
-    there is nothing to plan or (unless strict) planning failed."""
+    there is nothing to plan or (unless strict) planning failed. Policy ``auto`` measures
+    the free memory of `ctx` at the first bind of the graph."""
     if policy in (None, "none"):
         return None
     if grad_req == "null" or (isinstance(grad_req, dict)
@@ -104,7 +106,7 @@ def _plan_for(symbol, policy, budget, grad_req, type_dict, shapes, strict=False)
         if key in _failed:  # warned once already; do not plan (or learn) again
             return None
         p = plan(symbol, policy=policy, budget=budget, type_dict=type_dict, grad_req=grad_req,
-                 **shapes)
+                 ctx=ctx, **shapes)
     except Exception as exc:  # never break the user's script
         if strict:
             raise
@@ -130,7 +132,7 @@ def _install() -> None:
     def simple_bind_hook(self, ctx, grad_req="write", type_dict=None, stype_dict=None,
                          group2ctx=None, shared_arg_names=None, shared_exec=None,
                          shared_buffer=None, **kwargs):
-        p = _plan_for(self, _state["policy"], _state["budget"], grad_req, type_dict, kwargs)
+        p = _plan_for(self, _state["policy"], _state["budget"], grad_req, type_dict, kwargs, ctx)
         return _ordered(_bind_or_fall_back(
             p, _originals["simple_bind"], self, ctx, grad_req=grad_req, type_dict=type_dict,
             stype_dict=stype_dict, group2ctx=group2ctx, shared_arg_names=shared_arg_names,
@@ -142,7 +144,7 @@ def _install() -> None:
         try:
             if _state["policy"] not in (None, "none") and args_grad is not None:
                 req, types, shapes = _bind_inputs(self, args, args_grad, grad_req)
-                p = _plan_for(self, _state["policy"], _state["budget"], req, types, shapes)
+                p = _plan_for(self, _state["policy"], _state["budget"], req, types, shapes, ctx)
         except Exception as exc:  # never break the user's script
             warnings.warn(f"mxmirror: cannot read the bind arguments ({type(exc).__name__}: "
                           f"{exc}); binding unplanned", stacklevel=2)

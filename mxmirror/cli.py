@@ -1,4 +1,4 @@
-"""The mxmirror command: plan, memory, viz, run, demo.
+"""The mxmirror command: plan, memory, viz, fit, run, demo.
 
 Bad input ends with exit code 2 and one last stderr line ``mxmirror: error: ...``;
 MXNet's own log noise is kept out of error output.
@@ -69,8 +69,9 @@ def _plan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="sqrt", choices=list(POLICIES),
                    help="what to recompute (default: %(default)s)")
     p.add_argument("--budget", default=None, metavar="SIZE",
-                   help=f"memory budget such as 800MB or 1.5GB; required by, and only taken "
-                        f"by, --policy {' and '.join(NEEDS_BUDGET)} (no default)")
+                   help=f"memory budget such as 800MB or 1.5GB; required by --policy "
+                        f"{' and '.join(NEEDS_BUDGET)}, optional for auto (default: the free "
+                        f"memory), taken by no other policy (no default)")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -101,6 +102,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "of names sharing their first N '_' parts)")
     p.add_argument("--timeline", metavar="FILE.png",
                    help="also plot live memory over the training step, no plan vs the plan")
+    p = sub.add_parser("fit", help="the largest batch (or depth) that fits a memory size, "
+                                   "per policy")
+    p.add_argument("symbol", nargs="?", help="symbol JSON file (sym.save()); or --depth")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=N,D1,...",
+                   help="input shape with the batch written as N; repeat for each input")
+    p.add_argument("--dtype", action="append", default=[], metavar="[NAME=]DTYPE")
+    p.add_argument("--memory", required=True, help="memory to fit in, e.g. 12GB")
+    p.add_argument("--policy", help="one policy (default: none, cheap, sqrt, search, "
+                                    "recursive, multilevel)")
+    p.add_argument("--depth", metavar="NETWORK", help="instead of a batch: the deepest "
+                   "network of symbols/ that fits: resnet (bottleneck, depth 3k+2; CIFAR "
+                   "layout for --image <= 32) or lstm (the paper's 4x1024, by unroll length)")
+    p.add_argument("--batch", type=int, default=32, help="batch for --depth (default 32)")
+    p.add_argument("--image", type=int, default=224, help="image side for --depth resnet")
+    p.add_argument("--json", action="store_true", help="print a JSON list, one object per "
+                                                       "policy")
     p = sub.add_parser("run", help="run SCRIPT.py [ARGS...] with every bind planned",
                        description="Run SCRIPT.py as `python SCRIPT.py ARGS...` would, with "
                                    "every Symbol.simple_bind/bind (and so Module, "
@@ -228,6 +245,75 @@ def cmd_viz(args) -> int:
     return 0
 
 
+def _shape_template(text: str) -> tuple[str, tuple[int | str, ...]]:
+    """NAME=N,3,224,224: integers, and N where the batch goes."""
+    if "=" not in text:
+        raise PlanError(f"--shape takes NAME=N,D1,..., e.g. data=N,3,224,224; got {text!r}")
+    name, dims = text.split("=", 1)
+    out: list[int | str] = []
+    for d in (d.strip() for d in dims.split(",") if d.strip()):
+        if d.upper() == "N":
+            out.append("N")
+        elif d.isdigit() and int(d) > 0:
+            out.append(int(d))
+        else:
+            raise PlanError(f"--shape {text!r}: dimensions must be positive integers or N")
+    if not out:
+        raise PlanError(f"--shape {text!r}: no dimensions")
+    return name.strip(), tuple(out)
+
+
+def cmd_fit(args) -> int:
+    from . import fitting
+    from .api import parse_budget
+
+    try:
+        memory = parse_budget(args.memory)
+    except PlanError:
+        raise PlanError(f"--memory must be a size such as 12GB or 800MB, not "
+                        f"{args.memory!r}") from None
+    policies = (args.policy,) if args.policy else fitting.POLICIES
+    fitting.check_policies(policies)
+    if args.depth:
+        if args.symbol or args.shape:
+            raise PlanError("--depth searches a network of symbols/: give no SYMBOL or "
+                            "--shape with it")
+        if args.batch <= 0 or args.image <= 0:
+            raise PlanError("--batch and --image must be positive")
+        search = fitting.depth_search(args.depth, args.batch, args.image)
+        what = f"{args.depth}, batch {args.batch}"
+    else:
+        if not args.symbol:
+            raise PlanError("give a symbol JSON file, or --depth resnet|lstm")
+        if not args.shape:
+            raise PlanError("give --shape NAME=N,D1,... with the batch written as N")
+        from . import mxnet_adapter
+
+        sym = mxnet_adapter.load_symbol(args.symbol)
+        search = fitting.batch_search(sym, dict(map(_shape_template, args.shape)), _dtype(args))
+        what = args.symbol
+    rows = [(p, *search.largest(p, memory)) for p in policies]
+    key = search.key
+    if args.json:  # nothing fits: size 0, with the figures at the smallest size tried
+        print(json.dumps([good.to_dict(key) if good else dict(bad.to_dict(key), **{key: 0})
+                          for _, good, bad in rows]))
+        return 0
+    print(f"{what}: the largest {key} that fits {memory / 2**20:.0f} MB, counting "
+          f"{fitting.COUNTED}")
+    print(f"{'policy':<11} {key:>8} {'planned MB':>11} {'total MB':>9} {'recompute':>10}"
+          f"  first {key} that does not fit")
+    for policy, good, bad in rows:
+        after = "-" if bad is None else (
+            f"{bad.value} ({bad.total_bytes / 2**20:.0f} MB)" if bad.planned_bytes
+            else f"{bad.value} (no plan within what the resident arrays leave)")
+        if good is None:
+            print(f"{policy:<11} {'none':>8} {'':>11} {'':>9} {'':>10}  {after}")
+        else:
+            print(f"{policy:<11} {good.value:>8} {good.planned_bytes / 2**20:>11.0f} "
+                  f"{good.total_bytes / 2**20:>9.0f} {good.recompute_ratio:>9.2f}x  {after}")
+    return 0
+
+
 def cmd_run(args) -> int:
     from .bind import enable
     from .planners import resolve
@@ -257,5 +343,5 @@ def cmd_demo(args) -> int:
     return run_demo(out, quick=args.quick)
 
 
-COMMANDS = {"plan": cmd_plan, "memory": cmd_memory, "viz": cmd_viz, "run": cmd_run,
-            "demo": cmd_demo}
+COMMANDS = {"plan": cmd_plan, "memory": cmd_memory, "viz": cmd_viz, "fit": cmd_fit,
+            "run": cmd_run, "demo": cmd_demo}

@@ -145,6 +145,7 @@ class Plan:
     source_json: str | None = None  # the symbol as given, without mirror attributes
     plan_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    budget: str | None = None  # the budget planned for and where it came from
 
     @property
     def graph(self) -> Graph:
@@ -210,6 +211,7 @@ class Plan:
             "planned_mb": round(self.planned_mb, 3),
             "recompute_ratio": round(self.recompute_ratio, 4),
             "plan_seconds": round(self.plan_seconds, 3),
+            **({"budget": self.budget} if self.budget else {}),
             **self.execution.describe(),
         }
 
@@ -218,7 +220,8 @@ class Plan:
         why = f" ({'; '.join(self.notes)})" if self.notes and not self.recomputed_ids else ""
         return (f"mxmirror: policy={self.policy} baseline={self.baseline_mb:.0f} MB "
                 f"planned={self.planned_mb:.0f} MB recompute={self.recompute_ratio:.2f}x "
-                f"mirrored={len(self.mirrored)} nodes{why}")
+                f"mirrored={len(self.mirrored)} nodes"
+                + (f" budget={self.budget}" if self.budget else "") + why)
 
 
 def annotate_json(symbol_json: str, mirrored: set[int] | frozenset[int]) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 from ..analysis import Analysis
 from ..errors import PlanError
 from ..plan import BindInputs, MirrorExecution, Plan, SegmentedExecution
-from . import budget, cheap, multilevel, none, recursive, search, sqrt
+from . import auto, budget, cheap, front, multilevel, none, recursive, search, sqrt
 from .common import Choice
 
 STRATEGIES: dict[str, Callable[[Analysis, int | None], Choice]] = {
@@ -27,10 +27,13 @@ STRATEGIES: dict[str, Callable[[Analysis, int | None], Choice]] = {
     "search": search.choose,
     "recursive": recursive.choose,
     "multilevel": multilevel.choose,
+    "auto": auto.choose,
 }
 ALIASES = {"optimal": "search"}  # the name `search` had before it said what it is
 POLICIES: tuple[str, ...] = (*STRATEGIES, *ALIASES)  # every name a user may give
-NEEDS_BUDGET = ("budget", "multilevel")  # the only policies that read a budget
+NEEDS_BUDGET = ("budget", "multilevel")  # the policies that cannot plan without a budget
+BUDGETED = (*NEEDS_BUDGET, "auto")  # the policies that read a budget (auto: optional)
+FROM_FRONT = ("budget", "auto")  # answered from the front, which applies the segmented rule
 
 _UNITS = {"": 1, "B": 1, "KB": 2**10, "K": 2**10, "MB": 2**20, "M": 2**20, "GB": 2**30,
           "G": 2**30, "TB": 2**40}
@@ -66,36 +69,40 @@ def resolve(policy: str, budget: Any = None) -> tuple[str, int | None]:
         raise PlanError(f"policy {policy!r} needs a budget, e.g. --budget 800MB "
                         f"(budget=\"800MB\" in Python, MXMIRROR_BUDGET=800MB with "
                         f"MXMIRROR_POLICY)")
-    if name not in NEEDS_BUDGET and budget_bytes is not None:  # never silently ignored
+    if name not in BUDGETED and budget_bytes is not None:  # never silently ignored
         raise PlanError(f"policy {policy!r} takes no budget; only "
-                        f"{' and '.join(NEEDS_BUDGET)} plan to a budget: drop the budget "
-                        f"or choose one of those")
+                        f"{', '.join(BUDGETED[:-1])} and {BUDGETED[-1]} plan to a budget: "
+                        f"drop the budget or choose one of those")
     return name, budget_bytes
 
 
 def make_plan(analysis: Analysis, policy: str = "sqrt", budget: Any = None,
-              source_json: str | None = None, inputs: BindInputs | None = None) -> Plan:
+              source_json: str | None = None, inputs: BindInputs | None = None,
+              budget_source: str | None = None) -> Plan:
     """Run a policy on an analysed graph: a Plan never worse than no plan, and segmented
-    only where that is below the best one-recompute plan for the same budget too."""
-    return _make(analysis, policy, budget, source_json, inputs, never_worse=True)
+    only where that is below the best one-recompute plan for the same budget too.
+
+    ``budget_source``: where the budget came from (said in the plan's summary); by
+    default "given" when there is a budget."""
+    return _make(analysis, policy, budget, source_json, inputs, budget_source,
+                 never_worse=True)
 
 
 def own_plan(analysis: Analysis, policy: str = "sqrt", budget: Any = None,
              source_json: str | None = None, inputs: BindInputs | None = None) -> Plan:
     """The policy's own plan, segmented even where a one-recompute plan is smaller (for
     studies of the segmented executor: its tests and benchmarks)."""
-    return _make(analysis, policy, budget, source_json, inputs, never_worse=False)
+    return _make(analysis, policy, budget, source_json, inputs, None, never_worse=False)
 
 
 def _make(analysis: Analysis, policy: str, budget: Any, source_json: str | None,
-          inputs: BindInputs | None, never_worse: bool) -> Plan:
+          inputs: BindInputs | None, budget_source: str | None, never_worse: bool) -> Plan:
     name, budget_bytes = resolve(policy, budget)
     start = time.perf_counter()
     choice = STRATEGIES[name](analysis, budget_bytes)
     base = analysis.baseline
     notes = list(choice.notes)
-    if never_worse and choice.segments is not None and name != "budget":
-        # budget's own segmented choice is below every one-recompute plan by construction
+    if never_worse and choice.segments is not None and name not in FROM_FRONT:
         choice, why = _segmented_or_one_recompute(analysis, choice, budget_bytes)
         notes += [why] if why else []
     recomputes = bool(choice.score.mirror)
@@ -112,14 +119,16 @@ def _make(analysis: Analysis, policy: str, budget: Any, source_json: str | None,
     return Plan(name, analysis, choice.score.mirror, list(choice.checkpoints),
                 base.planned_bytes, choice.score.planned_bytes, choice.score.recompute_ratio,
                 execution, inputs=inputs, source_json=source_json,
-                plan_seconds=time.perf_counter() - start, notes=notes)
+                plan_seconds=time.perf_counter() - start, notes=notes,
+                budget=None if budget_bytes is None or name not in BUDGETED else
+                f"{budget_bytes / 2**20:.0f} MB ({budget_source or 'given'})")
 
 
 def _segmented_or_one_recompute(a: Analysis, segmented: Choice,
                                 budget_bytes: int | None) -> tuple[Choice, str]:
     """Never worse: a segmented choice only below both no plan and the best one-recompute
     plan for the same budget; otherwise that plan (no recomputation: plain bind), and why."""
-    alt = budget.one_recompute(a, budget_bytes)
+    alt = front.one_recompute(a, budget_bytes)
     seg_bytes = segmented.score.planned_bytes
     if seg_bytes < min(alt.score.planned_bytes, a.baseline.planned_bytes):
         return segmented, ""

@@ -1,0 +1,152 @@
+"""The largest batch (or deepest network) whose training fits a memory size, per policy.
+
+Memory counted: the plan's planned intermediates (MXNet's memory plan, simulated)
++ arguments + argument gradients + aux states (MXNet allocates those outside its
+plan). Sizes are searched by doubling, then bisection, on the simulator: no bind.
+The search assumes a larger batch (or depth) never needs less memory.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .api import Prepared, prepare
+from .device_memory import resident_bytes
+from .errors import PlanError
+from .planners import BUDGETED, resolve
+
+POLICIES = ("none", "cheap", "sqrt", "search", "recursive", "multilevel")
+COUNTED = "planned intermediates + arguments + argument gradients + aux states"
+LIMIT = 1 << 20  # no size beyond this is searched
+KEPT_GRAPHS = 3  # analysed graphs kept while searching (big graphs take memory)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One policy's figures at one size."""
+
+    policy: str
+    size: int  # the searched parameter (batch, residual units, unroll length)
+    value: int  # what the user reads: batch, depth in layers, unroll length
+    planned_bytes: int
+    total_bytes: int
+    recompute_ratio: float
+    fits: bool
+
+    def to_dict(self, key: str = "batch") -> dict:
+        return {"policy": self.policy, key: self.value,
+                "planned_mb": round(self.planned_bytes / 2**20, 1),
+                "total_mb": round(self.total_bytes / 2**20, 1),
+                "recompute_ratio": round(self.recompute_ratio, 4)}
+
+
+def check_policies(policies: tuple[str, ...]) -> None:
+    """PlanError for an unknown policy (budgeted ones get their budget per size)."""
+    for p in policies:
+        resolve(p, 1 if p in BUDGETED else None)
+
+
+class SizeSearch:
+    """Graphs indexed by one size parameter, analysed and planned on demand (memoized).
+
+    ``build(k)`` gives the prepared graph at size k; ``value(k)`` the figure shown
+    (e.g. a ResNet's depth in layers for k residual units); ``key`` its name.
+    """
+
+    def __init__(self, build: Callable[[int], Prepared], key: str = "batch", start: int = 1,
+                 value: Callable[[int], int] = lambda k: k) -> None:
+        self.build, self.key, self.start, self.value = build, key, start, value
+        self._graphs: OrderedDict[int, Prepared] = OrderedDict()
+        self._plans: dict[tuple[str, int], tuple[int, int, float]] = {}
+
+    def prepared(self, k: int) -> Prepared:
+        if k in self._graphs:
+            self._graphs.move_to_end(k)
+        else:
+            while len(self._graphs) >= KEPT_GRAPHS:
+                self._graphs.popitem(last=False)
+            self._graphs[k] = self.build(k)
+        return self._graphs[k]
+
+    def at(self, policy: str, k: int, memory_bytes: int) -> Fit:
+        """Whether `policy`'s plan at size k fits `memory_bytes`, with its figures."""
+        if policy in BUDGETED:
+            prep = self.prepared(k)
+            resident = sum(resident_bytes(prep.analysis.graph))
+            try:
+                if memory_bytes <= resident:
+                    raise PlanError("the resident arrays alone do not fit")
+                p = prep.plan(policy, memory_bytes - resident)
+            except PlanError:
+                return Fit(policy, k, self.value(k), 0, resident, 0.0, False)
+            figures = (p.planned_bytes, resident, p.recompute_ratio)
+        else:  # the plan does not depend on the memory size: plan once per size
+            if (policy, k) not in self._plans:
+                prep = self.prepared(k)
+                p = prep.plan(policy)
+                self._plans[policy, k] = (p.planned_bytes,
+                                          sum(resident_bytes(prep.analysis.graph)),
+                                          p.recompute_ratio)
+            figures = self._plans[policy, k]
+        planned, resident, ratio = figures
+        total = planned + resident
+        return Fit(policy, k, self.value(k), planned, total, ratio, total <= memory_bytes)
+
+    def largest(self, policy: str, memory_bytes: int,
+                limit: int = LIMIT) -> tuple[Fit | None, Fit | None]:
+        """(the largest size that fits, the smallest size found not to fit), by doubling
+        from ``start`` then bisection; (None, figures at start) when not even that fits."""
+        first = self.at(policy, self.start, memory_bytes)
+        if not first.fits:
+            return None, first
+        good, bad = first, None
+        while bad is None and good.size < limit:
+            f = self.at(policy, min(2 * good.size, limit), memory_bytes)
+            good, bad = (f, None) if f.fits else (good, f)
+        while bad is not None and bad.size - good.size > 1:
+            f = self.at(policy, (good.size + bad.size) // 2, memory_bytes)
+            good, bad = (f, bad) if f.fits else (good, f)
+        return good, bad
+
+
+def scaled_shapes(template: dict[str, tuple[Any, ...]], n: int) -> dict[str, tuple[int, ...]]:
+    """Every dimension written as N becomes n."""
+    return {k: tuple(n if d == "N" else int(d) for d in dims) for k, dims in template.items()}
+
+
+def batch_search(symbol: Any, template: dict[str, tuple[Any, ...]],
+                 type_dict: dict[str, str] | None = None) -> SizeSearch:
+    """The batch N of shapes written with N (e.g. data=(N, 3, 224, 224))."""
+    if not any(d == "N" for dims in template.values() for d in dims):
+        raise PlanError("write the batch dimension as N in a --shape, e.g. data=N,3,224,224")
+    return SizeSearch(lambda n: prepare(symbol, type_dict=type_dict,
+                                        **scaled_shapes(template, n)))
+
+
+NETWORKS = ("resnet", "lstm")
+
+
+def depth_search(network: str, batch: int, image: int = 224) -> SizeSearch:
+    """The networks of symbols/ by depth: a bottleneck ResNet (ImageNet layout, depth 3k+2
+    for k >= 16 residual units; CIFAR layout for images of 32 pixels or less, depth 9k+2),
+    or the paper's 4 x 1024 LSTM by unroll length."""
+    from symbols import lstm, resnet
+
+    if network == "lstm":
+        return SizeSearch(lambda t: prepare(lstm.paper_lstm(t), **lstm.input_shapes(t, batch)),
+                          key="seq_len")
+    if network != "resnet":
+        raise PlanError(f"unknown network {network!r}; choose from {', '.join(NETWORKS)}")
+    imagenet = image > 32
+    per_unit, start = (3, 16) if imagenet else (9, 1)
+
+    def build(k: int) -> Prepared:
+        depth = per_unit * k + 2
+        sym = resnet.resnet_by_depth(depth, num_classes=1000 if imagenet else 10,
+                                     image_shape=(3, image, image))
+        return prepare(sym, data=(batch, 3, image, image))
+
+    return SizeSearch(build, key="depth", start=start, value=lambda k: per_unit * k + 2)
