@@ -26,6 +26,7 @@ from typing import Any
 
 from . import mxnet_adapter
 from .aux_order import settle
+from .child import allocated_mb
 from .errors import PlanError
 from .segments import Driver, Segment, SegmentPlan, pool_blocks, walk_backward, walk_forward
 
@@ -291,13 +292,10 @@ class SegmentedExecutor(Driver):
                         "shapes (mxmirror.simple_bind plans them afresh)")
 
     def debug_str(self) -> str:
-        import re
-
         parts, total = [], 0
         for ex in self._execs.values():
             text = ex.debug_str()
-            m = re.search(r"Total (\d+) MB allocated", text)
-            total += int(m.group(1)) if m else 0
+            total += sum(allocated_mb(text))
             parts.append(text)
         head = (f"mxmirror segmented executor: {self.sg.m} segments, {len(self._execs)} "
                 f"executors sharing one pool\nTotal {total} MB allocated (sum over the "

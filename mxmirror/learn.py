@@ -20,6 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .child import child_env
 from .errors import PlanError
 from .templates import Template, TemplateNode
 
@@ -99,12 +100,9 @@ def learn(specs: list[dict]) -> list[Template]:
         rest = learn([spec for spec in specs if spec["shapes"]])
         it = iter(rest)
         return [sources[i] if i in sources else next(it) for i in range(len(specs))]
-    env = dict(os.environ, MXNET_MEM_PLAN_VERBOSE_LOGGING="1", MXNET_SUBGRAPH_VERBOSE="0")
-    env.pop("MXNET_BACKWARD_DO_MIRROR", None)
-    pkg_parent = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, "-m", "mxmirror.learn"], input=json.dumps(specs),
-                          capture_output=True, text=True, env=env)
+                          capture_output=True, text=True,
+                          env=child_env(MXNET_MEM_PLAN_VERBOSE_LOGGING="1"))
     try:
         out = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
     except (ValueError, IndexError):

@@ -16,7 +16,6 @@ symbol and step count from JOB and prints one JSON object.
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .child import allocated_mb, child_env
 from .errors import PlanError
 
 
@@ -57,12 +57,8 @@ def measure(segment_plan: Any, symbol_json: str, steps: int = 0) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         job = Path(tmp) / "job.pickle"
         job.write_bytes(pickle.dumps((segment_plan, symbol_json, steps)))
-        env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE="0")
-        pkg_parent = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH"))
-                                            if p)
         proc = subprocess.run([sys.executable, "-m", "mxmirror.measure", str(job)],
-                              capture_output=True, text=True, env=env)
+                              capture_output=True, text=True, env=child_env())
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise PlanError(f"could not bind the segmented plan: {tail[:300]}")
@@ -71,8 +67,6 @@ def measure(segment_plan: Any, symbol_json: str, steps: int = 0) -> dict:
 
 def _child(path: str) -> None:
     """Bind a SegmentedExecutor, run `steps` training steps on random inputs, print JSON."""
-    import re
-
     import mxnet as mx
     import numpy as np
 
@@ -90,8 +84,7 @@ def _child(path: str) -> None:
         ex.backward()
         mx.nd.waitall()
     mb = {k: round(v / 2**20, 3) for k, v in allocated_bytes(ex).items()}
-    figures = [int(re.search(r"Total (\d+) MB", t.debug_str()).group(1))
-               for t in ex.executors.values()]
+    figures = [allocated_mb(t)[0] for t in ex.executors.values()]
     predicted = {"pool": sp.pool_bytes, "slots": sp.staging_bytes, "outputs": sp.output_bytes,
                  "masks": sp.mask_bytes, "kept": sp.dry.peak_bytes, "total": sp.planned_bytes}
     print(json.dumps({"measured_mb": mb,

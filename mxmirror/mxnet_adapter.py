@@ -8,8 +8,6 @@ shapes or a grad_req), never from name suffixes.
 from __future__ import annotations
 
 import json
-import os
-import re
 import subprocess
 import sys
 from math import prod
@@ -17,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import learn, ops
+from .child import allocated_mb, child_env
 from .errors import PlanError
 from .graph import AUX, INPUT, OP, PARAM, Graph, Node
 
@@ -298,9 +297,6 @@ def _ref_size(ref: tuple, in_shapes: list[tuple], out_shapes: list[tuple]) -> in
 
 
 # ------------------------------------------------------------ MXNet's own figure
-_TOTAL_RE = re.compile(r"Total (\d+) MB allocated")
-
-
 def mxnet_mb_many(jobs: list[dict]) -> list[int]:
     """MXNet's ``Total X MB allocated`` for several binds, each in its own child process.
 
@@ -311,20 +307,14 @@ def mxnet_mb_many(jobs: list[dict]) -> list[int]:
     """
     out = []
     for job in jobs:
-        env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE="0", **job.get("env", {}))
-        env.pop("MXNET_MEM_PLAN_VERBOSE_LOGGING", None)
-        if not job.get("env", {}).get("MXNET_BACKWARD_DO_MIRROR"):
-            env.pop("MXNET_BACKWARD_DO_MIRROR", None)
-        pkg_parent = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH"))
-                                            if p)
         proc = subprocess.run([sys.executable, "-m", "mxmirror.mxnet_adapter"],
-                              input=json.dumps(job), capture_output=True, text=True, env=env)
-        m = _TOTAL_RE.search(proc.stdout)
-        if proc.returncode != 0 or not m:
+                              input=json.dumps(job), capture_output=True, text=True,
+                              env=child_env(**job.get("env", {})))
+        mb = allocated_mb(proc.stdout)
+        if proc.returncode != 0 or not mb:
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise PlanError(f"MXNet could not bind the symbol: {tail[:300]}")
-        out.append(int(m.group(1)))
+        out.append(mb[0])
     return out
 
 

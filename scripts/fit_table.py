@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -48,11 +47,13 @@ def _child() -> None:
     """Bind one planned symbol; print MXNet's planned MB and the bytes of its arrays."""
     import mxnet as mx
 
+    from mxmirror.child import allocated_mb
+
     job = json.loads(sys.stdin.read())
     sym = mx.sym.load_json(job["symbol"])
     ex = sym.simple_bind(mx.cpu(), grad_req=job["grad_req"],
                          **{k: tuple(v) for k, v in job["shapes"].items()})
-    planned = int(re.search(r"Total (\d+) MB allocated", ex.debug_str()).group(1))
+    planned = allocated_mb(ex)[0]
     arrays = ex.arg_arrays + [g for g in ex.grad_arrays if g is not None] + ex.aux_arrays
     print(json.dumps({"planned_mb": planned,
                       "resident_bytes": sum(a.size * a.dtype(0).itemsize for a in arrays)}))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,10 +25,11 @@ from typing import Any
 
 import mxnet as mx
 
+from mxmirror.child import allocated_mb
+
 ENV = "MEMONGER_DIR"
 CACHE_DIR = Path.home() / ".cache" / "mxmirror" / "memonger"
 
-_TOTAL_RE = re.compile(r"^Total (\d+) MB allocated", re.MULTILINE)
 
 #: Why the last ``load_memonger`` call returned None, for messages and skips.
 last_error: str | None = None
@@ -106,11 +106,11 @@ def get_cost_cpu(
     texec = sym.simple_bind(
         ctx=mx.cpu(), grad_req="write", type_dict=type_dict, **shapes
     )
-    match = _TOTAL_RE.search(texec.debug_str())
+    mb = allocated_mb(texec)
     del texec
-    if match is None:
+    if not mb:
         raise RuntimeError("debug_str() has no 'Total X MB allocated' line")
-    return int(match.group(1))
+    return mb[0]
 
 
 def search_plan_cpu(

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 import resource
 import sys
 import time
@@ -44,10 +43,9 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import mxmirror  # noqa: E402
+from mxmirror.child import allocated_mb  # noqa: E402
 from mxmirror.planners import POLICIES  # noqa: E402
 from symbols.resnet import resnet_by_depth  # noqa: E402
-
-_TOTAL_RE = re.compile(r"Total (\d+) MB allocated")
 
 
 def peak_rss_mb() -> float:
@@ -60,8 +58,8 @@ def mxnet_planned_mb(mod: mx.mod.Module) -> int | None:
     execs = getattr(getattr(mod, "_exec_group", None), "execs", None)
     if not execs:
         return None
-    m = _TOTAL_RE.search(execs[0].debug_str())
-    return int(m.group(1)) if m else None
+    mb = allocated_mb(execs[0])
+    return mb[0] if mb else None
 
 
 class SyntheticIter(mx.io.DataIter):

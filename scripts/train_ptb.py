@@ -37,7 +37,6 @@ import argparse
 import json
 import logging
 import math
-import re
 import resource
 import sys
 import time
@@ -54,12 +53,12 @@ from tqdm import tqdm  # noqa: E402
 
 import mxmirror  # noqa: E402
 from mxmirror import memory, training_graph  # noqa: E402
+from mxmirror.child import allocated_mb  # noqa: E402
 from mxmirror.plan import annotate_json  # noqa: E402
 from mxmirror.planners import POLICIES  # noqa: E402
 from symbols.lstm import ptb_lm  # noqa: E402
 
 PAD, PAD_ID, EOS, UNK = "<pad>", 0, "<eos>", "<unk>"
-_TOTAL_RE = re.compile(r"Total (\d+) MB allocated")
 
 
 # ------------------------------------------------------------------ data
@@ -199,8 +198,8 @@ def mxnet_planned_mb(module) -> int | None:
     execs = getattr(getattr(mod, "_exec_group", None), "execs", None)
     if not execs:
         return None
-    m = _TOTAL_RE.search(execs[0].debug_str())
-    return int(m.group(1)) if m else None
+    mb = allocated_mb(execs[0])
+    return mb[0] if mb else None
 
 
 def perplexity(mod, it: mx.io.DataIter, limit: int | None) -> float:

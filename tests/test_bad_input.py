@@ -24,6 +24,7 @@ import pytest
 
 import mxmirror
 from mxmirror import PlanError
+from mxmirror.child import allocated_mb
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -183,7 +184,7 @@ def test_bad_input_plan_error(case, what, call, expected) -> None:
 # ---------------------------------------------------- accepted inputs, still correct
 def _mxnet_mb(sym, shapes, grad_req, type_dict=None) -> int:
     ex = sym.simple_bind(mx.cpu(), grad_req=grad_req, type_dict=type_dict, **shapes)
-    return int(re.search(r"Total (\d+) MB allocated", ex.debug_str()).group(1))
+    return allocated_mb(ex)[0]
 
 
 @pytest.mark.parametrize("req_kind", ["write", "add"])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import sysconfig
@@ -22,6 +21,7 @@ import numpy as np
 import pytest
 
 from mxmirror import cli
+from mxmirror.child import allocated_mb
 from symbols.resnet import resnet_by_depth
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -227,7 +227,7 @@ def test_plan_float16(files, tmp_path, capfd) -> None:
     ex = sym.simple_bind(mx.cpu(), grad_req=req, type_dict={"data": "float16"},
                          data=(32, 3, 32, 32))
     assert ex.arg_dict["data"].dtype == np.float16
-    mxnet_mb = int(re.search(r"Total (\d+) MB allocated", ex.debug_str()).group(1))
+    mxnet_mb = allocated_mb(ex)[0]
     assert mxnet_mb >= 10, "pick shapes with figures that mean something"
     assert 0 <= out["planned_mb"] - mxnet_mb <= 1.0, (out, mxnet_mb)
 

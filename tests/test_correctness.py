@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 import mxmirror
+from mxmirror.child import allocated_mb
 from mxmirror.planners import ALIASES
 from symbols.lstm import input_shapes, paper_lstm
 from symbols.resnet import resnet, resnet_by_depth
@@ -33,7 +34,6 @@ MUST_RECOMPUTE = ("sqrt", "optimal", "budget")
 STEPS = 3
 LR = 0.05
 RTOL, ATOL = 1e-5, 1e-6
-_TOTAL_RE = re.compile(r"Total (\d+) MB allocated")
 
 
 @dataclass
@@ -178,7 +178,7 @@ def _mismatches(base: list[dict], planned: list[dict]) -> list[str]:
 
 
 def _mxnet_mb(ex) -> int:
-    return sum(int(m) for m in _TOTAL_RE.findall(ex.debug_str()))
+    return sum(allocated_mb(ex))
 
 
 # ------------------------------------------------------------------ fixtures

@@ -285,8 +285,8 @@ for job in jobs:
         sym = mx.sym.load_json(job["symbol"])
         ex = sym.simple_bind(mx.cpu(), grad_req=job["grad_req"],
                              **{k: tuple(v) for k, v in job["shapes"].items()})
-        m = re.search(r"Total (\d+) MB allocated", ex.debug_str())
-        out.append(int(m.group(1)) if m else "no 'Total X MB allocated' line")
+        mb = allocated_mb(ex)
+        out.append(mb[0] if mb else "no 'Total X MB allocated' line")
         del ex
     except Exception as exc:
         out.append("MXNet could not bind: " + str(exc).strip().splitlines()[0][:300])

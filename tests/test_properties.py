@@ -17,8 +17,6 @@ examples it ran (``pytest -s`` shows them) and ``EXAMPLES`` collects them.
 
 from __future__ import annotations
 
-import re
-
 import mxnet as mx
 import numpy as np
 import pytest
@@ -26,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mxmirror import api, ops
+from mxmirror.child import allocated_mb
 from mxmirror.plan import MIRROR_KEY
 
 EXAMPLES: dict[str, int] = {}
@@ -162,7 +161,7 @@ def test_every_policy_valid(net) -> None:
 def _mxnet_mb(sym, shapes) -> int:
     req = {a: ("null" if a in shapes else "write") for a in sym.list_arguments()}
     ex = sym.simple_bind(mx.cpu(), grad_req=req, **shapes)
-    return int(re.search(r"Total (\d+) MB allocated", ex.debug_str()).group(1))
+    return allocated_mb(ex)[0]
 
 
 @settings(max_examples=12, **SETTINGS)
