@@ -151,18 +151,18 @@ class SegmentedExecutor(Driver):
                 for n, (size, dtype) in need.items() if size}
 
     def _bind_buffer(self, seg: Segment) -> dict:
-        """The shared_buffer one template binds with: the shared slots, and for a template
-        that serves a single segment, the user's own arrays as its parameter values (no
-        copy is needed where no other segment's parameters take turns in the slot)."""
+        """The shared_buffer one template binds with: the shared slots, and the user's own
+        arrays for the parameter slots that read the same variable in every segment of the
+        template (Segments.user_slots: no other segment's values take turns there)."""
         import numpy as np
 
         buf = dict(self._slot_buffer)
-        if sum(s.key == seg.key for s in self.sg.segments) > 1:
-            return buf
         shapes, types = self.sg.slot_shapes[seg.key], self.sg.slot_types[seg.key]
         for name, key in seg.slots:
-            user = self.arg_dict.get(key[1]) if key[0] == "arg" else None
-            if user is not None and tuple(user.shape) == tuple(shapes[name]) and \
+            if (seg.key, name) not in self.sg.user_slots:
+                continue
+            user = self.arg_dict[key[1]]
+            if tuple(user.shape) == tuple(shapes[name]) and \
                     np.dtype(user.dtype) == np.dtype(types[name]):
                 buf[name] = user
                 self._user_bound.add((seg.key, name))

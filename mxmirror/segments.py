@@ -25,7 +25,6 @@ costs (``build_segments``, the walkers, ``dry_run``, ``make_segment_plan``).
 from __future__ import annotations
 
 import json
-from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 from math import prod
@@ -78,6 +77,18 @@ class Segments:
 
     def state_bytes(self, i: int) -> int:
         return sum(self.entry_bytes(e) for e in self.crossing[i])
+
+    @cached_property
+    def user_slots(self) -> frozenset:
+        """(template key, slot name) of the parameter slots that read the same variable in
+        every segment of their template (a template of one segment, an LSTM layer's weights
+        in every step): bound to the user's own array, never copied."""
+        var: dict[tuple[str, str], set] = {}
+        for seg in self.segments:
+            for name, key in seg.slots:
+                if key[0] == "arg":
+                    var.setdefault((seg.key, name), set()).add(key[1])
+        return frozenset(k for k, v in var.items() if len(v) == 1)
 
     @cached_property
     def one_hop(self) -> frozenset:
@@ -492,7 +503,6 @@ def staging_bytes(sg: Segments) -> int:
     own = 0
     seen: set[str] = set()
     by_name = sg.graph.by_name()
-    uses = Counter(seg.key for seg in sg.segments)
     for seg in sg.segments:
         shapes, types, req = sg.slot_shapes[seg.key], sg.slot_types[seg.key], sg.slot_req[seg.key]
         for name, key in seg.slots:
@@ -502,8 +512,8 @@ def staging_bytes(sg: Segments) -> int:
                 continue
             b = prod(shapes[name]) * _itemsize(types[name])
             grad = b if req.get(name) != "null" else 0
-            if key[0] == "arg":  # a template of one segment binds the user's own arrays
-                own += b if seg.key not in seen and uses[seg.key] > 1 else 0
+            if key[0] == "arg":  # one copy per template, unless bound to the user's array
+                own += b if seg.key not in seen and (seg.key, name) not in sg.user_slots else 0
             else:
                 shared[name] = max(shared.get(name, 0), b)
             if grad:
