@@ -273,6 +273,7 @@ def mirror_ids(symbol_json: str, case: Case, variant: str) -> set[int]:
 _CHILD = r"""
 import json, os, re, sys
 import mxnet as mx
+from mxmirror.child import allocated_mb
 with open(sys.argv[1]) as f:
     jobs = json.load(f)
 base = dict(os.environ)
