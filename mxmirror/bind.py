@@ -49,6 +49,9 @@ def enable(policy: str = "sqrt", budget: Any = None) -> None:
     resolve(policy, budget)
     _install()
     _state.update(policy=policy, budget=budget)
+    from .gluon import install  # hybridized Gluon blocks under autograd.record()
+
+    install(lambda: (_state["policy"], _state["budget"]))
 
 
 def disable() -> None:

@@ -1,0 +1,339 @@
+"""PlannedBlock: sublinear-memory training for hybridized Gluon blocks.
+
+MXNet 1.9.1's CachedOp builds its gradient graph with no mirror function, so a Gluon
+graph can only be planned on a symbolic executor. PlannedBlock exports the block's graph
+as a Symbol, plans it, binds it on the block's own Parameter arrays (and aux states, so
+BatchNorm statistics are updated in place) and records each call on autograd's tape as
+one custom function whose backward runs the executor's backward. autograd then writes
+the Parameters' gradients with their own grad_req and marks them fresh, exactly as for
+any recorded op, so an unchanged ``gluon.Trainer`` trains the block.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import traceback
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from .api import parse_budget, plan
+from .errors import PlanError
+from .mxnet_adapter import unhooked
+from .planners import POLICIES
+
+log = logging.getLogger("mxmirror")
+
+_REQ = {0: "null", 1: "write", 2: "write", 3: "add"}  # MXNet's OpReqType codes
+
+
+def _mx():
+    import mxnet as mx
+
+    return mx
+
+
+class PlannedBlock(_mx().gluon.Block):
+    """A Block that trains a HybridBlock through an mxmirror plan.
+
+    Under ``autograd.record()`` a call runs the planned executor (one per context, input
+    shapes, dtypes and grad_req); outside it, the wrapped block runs as it would alone.
+    ``collect_params()`` returns the wrapped block's Parameters.
+    """
+
+    def __init__(self, block: Any, policy: str = "sqrt", budget: Any = None) -> None:
+        mx = _mx()
+        if not isinstance(block, mx.gluon.HybridBlock):
+            raise PlanError(f"PlannedBlock needs a HybridBlock (its graph is exported as a "
+                            f"Symbol to plan it), not {type(block).__name__}")
+        if policy not in POLICIES:
+            raise PlanError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+        parse_budget(budget)
+        super().__init__(prefix=block.prefix, params=None)
+        self.block = block
+        self.policy = policy
+        self.budget = budget
+        self._bound: dict[tuple, _Bound] = {}
+        self._lock = threading.Lock()
+
+    def forward(self, *inputs: Any) -> Any:
+        mx = _mx()
+        if not mx.autograd.is_recording():
+            return self.block(*inputs)
+        if not inputs or not all(isinstance(x, mx.nd.NDArray) for x in inputs):
+            raise PlanError("PlannedBlock takes NDArray inputs only")
+        return self.bound(inputs).run(inputs)
+
+    def bound(self, inputs: tuple) -> _Bound:
+        """The executor for these inputs (bound once per context, shapes, dtypes, grad_req)."""
+        mx = _mx()
+        ctx = inputs[0].context
+        self._finish_deferred_init(inputs)
+        params = self._params_by_name()
+        input_reqs = tuple(_input_req(x) for x in inputs)
+        key = (str(ctx), tuple((x.shape, _dtype(x.dtype)) for x in inputs), input_reqs,
+               tuple((n, p.grad_req, _dtype(p.dtype)) for n, p in sorted(params.items())))
+        with self._lock:
+            found = self._bound.get(key)
+            if found is not None and found.current(params, ctx):
+                return found
+            names = ["data"] if len(inputs) == 1 else [f"data{i}" for i in range(len(inputs))]
+            out = self.block(*[mx.sym.var(n) for n in names])
+            heads, fmt = _flatten(out)
+            symbol = heads[0] if len(heads) == 1 else mx.sym.Group(heads)
+            self._bound[key] = _Bound(self, symbol, fmt, names, inputs, input_reqs, params,
+                                      ctx)
+            return self._bound[key]
+
+    def _params_by_name(self) -> dict:
+        return {p.name: p for p in self.block.collect_params().values()}
+
+    def _finish_deferred_init(self, inputs: tuple) -> None:
+        """Parameters waiting for shapes get them from the inputs, as a first call would."""
+        mx = _mx()
+        params = list(self.block.collect_params().values())
+        if all(p._deferred_init == () for p in params):
+            return
+        with mx.autograd.pause():
+            self.block._deferred_infer_shape(*inputs)
+            for p in params:
+                p._finish_deferred_init()
+
+
+class _Bound:
+    """One planned executor on the block's Parameter arrays, and its autograd bridge."""
+
+    def __init__(self, owner: PlannedBlock, symbol: Any, fmt: Any, names: list[str],
+                 inputs: tuple, input_reqs: tuple, params: dict, ctx: Any) -> None:
+        mx = _mx()
+        self.fmt = fmt
+        self.names = names
+        self.ctx = ctx
+        args, grads, reqs, types, shapes = {}, {}, {}, {}, {}
+        for name, x, req in zip(names, inputs, input_reqs):
+            args[name] = mx.nd.empty(x.shape, ctx, dtype=x.dtype)
+            reqs[name], types[name], shapes[name] = req, _dtype(x.dtype), x.shape
+        unknown = [n for n in symbol.list_arguments() + symbol.list_auxiliary_states()
+                   if n not in args and n not in params]
+        if unknown:
+            raise PlanError(f"the block's graph reads {', '.join(unknown)}, which are neither "
+                            f"its inputs nor its Parameters")
+        self.trained = []  # (name, Parameter) of the arguments that get a gradient
+        for name in symbol.list_arguments():
+            if name in names:
+                continue
+            p = params[name]
+            args[name], reqs[name], types[name] = p.data(ctx), p.grad_req, _dtype(p.dtype)
+            if p.grad_req != "null":
+                self.trained.append((name, p))
+        aux = {n: params[n].data(ctx) for n in symbol.list_auxiliary_states()}
+        for n in symbol.list_auxiliary_states():
+            types[n] = _dtype(params[n].dtype)
+        # the executor writes every gradient into its own array; autograd then writes the
+        # Parameter's (and the input's) with its grad_req, so the Trainer sees fresh grads
+        bind_reqs = {n: ("null" if r == "null" else "write") for n, r in reqs.items()}
+        grads = {n: mx.nd.zeros(args[n].shape, ctx, dtype=args[n].dtype)
+                 for n, r in bind_reqs.items() if r != "null"}
+        self.arrays = {n: a for n, a in args.items()}
+        self.aux = aux
+        self.plan, self.exec = _bind_planned(owner, symbol, ctx, args, grads, bind_reqs, aux,
+                                             types, shapes)
+        self.input_grads = [self.exec.grad_dict.get(n) for n in names]
+        self.param_grads = [self.exec.grad_dict[n] for n, _ in self.trained]
+        self.pending = False
+
+    def current(self, params: dict, ctx: Any) -> bool:
+        """Still bound to the Parameters' own arrays (cast or reset_ctx replace them)."""
+        return all(params[n].data(ctx) is a for n, a in self.arrays.items() if n in params) \
+            and all(params[n].data(ctx) is a for n, a in self.aux.items())
+
+    def run(self, inputs: tuple) -> Any:
+        mx = _mx()
+        if self.pending:
+            raise PlanError("a PlannedBlock was called twice on the same shapes inside one "
+                            "autograd.record() before backward(); call backward() (or leave "
+                            "record()) between the calls")
+        is_train = mx.autograd.is_training()
+        with mx.autograd.pause(train_mode=is_train):
+            for name, x in zip(self.names, inputs):
+                x.copyto(self.exec.arg_dict[name])
+            self.exec.forward(is_train=is_train)
+            outputs = [o.copy() for o in self.exec.outputs]
+        tape_inputs = [p.data(self.ctx) for _, p in self.trained] + list(inputs)
+        self.pending = True
+        _record(tape_inputs, outputs, self._backward, self._release)
+        return _regroup(outputs, self.fmt)
+
+    def _backward(self, out_grads: list, in_grads: list, reqs: list) -> None:
+        self.pending = False
+        self.exec.backward(out_grads=out_grads)
+        for dst, req, src in zip(in_grads, reqs, self.param_grads + self.input_grads):
+            if req == "null" or src is None:
+                continue
+            if req == "add":
+                dst[:] += src
+            else:
+                dst[:] = src
+
+    def _release(self) -> None:
+        self.pending = False
+
+
+def _bind_planned(owner: PlannedBlock, symbol: Any, ctx: Any, args: dict, grads: dict,
+                  reqs: dict, aux: dict, types: dict, shapes: dict) -> tuple[Any, Any]:
+    """The plan (None for policy none) and its executor bound on the given arrays."""
+    bind = unhooked("bind")
+    kw = dict(args_grad=grads, grad_req=reqs, aux_states=aux)
+    if owner.policy == "none":
+        log.info(f"mxmirror: gluon {owner.block.name} {_shapes(shapes)} policy=none "
+                 f"(unplanned executor)")
+        return None, bind(symbol, ctx, args, **kw)
+    p = plan(symbol, policy=owner.policy, budget=owner.budget, type_dict=types,
+             grad_req=reqs, **shapes)
+    log.info(f"mxmirror: gluon {owner.block.name} {_shapes(shapes)} "
+             + p.summary().replace("mxmirror: ", ""))
+    if p.segmented is not None:
+        # SegmentedExecutor.backward calls mx.nd.waitall() (its BatchNorm workaround), which
+        # never returns inside autograd's backward: the engine waits for this very callback
+        raise PlanError(f"policy {owner.policy!r} runs on the segmented executor, which "
+                        f"cannot run inside autograd's backward yet; use none, cheap, sqrt, "
+                        f"optimal or budget with PlannedBlock")
+    return p, bind(p.symbol, ctx, args, **kw)
+
+
+def _shapes(shapes: dict) -> str:
+    return " ".join(f"{n}={'x'.join(map(str, s))}" for n, s in shapes.items())
+
+
+def _dtype(dtype: Any) -> str:
+    import numpy as np
+
+    return np.dtype(dtype).name
+
+
+def _input_req(x: Any) -> str:
+    """'write' when x is on autograd's tape (attached or computed while recording)."""
+    mx = _mx()
+    try:
+        mx.autograd.get_symbol(x)
+    except mx.base.MXNetError:
+        return "null"
+    return "write"
+
+
+def _flatten(out: Any) -> tuple[list, Any]:
+    from mxnet.gluon.block import _flatten as flatten
+
+    return flatten(out, "output")
+
+
+def _regroup(flat: list, fmt: Any) -> Any:
+    from mxnet.gluon.block import _regroup as regroup
+
+    return regroup(flat, fmt)
+
+
+# ------------------------------------------------------------ the autograd bridge
+_BACKWARD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                             ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int),
+                             ctypes.c_int, ctypes.c_void_p)
+_DELETE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+_alive: dict[int, Any] = {}  # callbacks autograd still holds, by record id
+_counter = [0]
+
+
+def _record(inputs: list, outputs: list, backward: Any, release: Any) -> None:
+    """Put outputs = f(inputs) on autograd's tape; backward(out_grads, in_grads, reqs)
+    fills in_grads honouring each req ('null', 'write', 'add').
+
+    mx.autograd.Function is not used: its backward stops at the first input whose req is
+    null and silently skips req 'add' (MXNet 1.9.1), and a block's input often has no
+    gradient while its Parameters may be 'add'.
+    """
+    from mxnet.base import _LIB, MXCallbackList, NDArrayHandle, c_array, c_handle_array, check_call
+    from mxnet.ndarray import NDArray
+
+    _counter[0] += 1
+    key = _counter[0]
+
+    def on_backward(num_out, num_in, ptrs, reqs, _is_train, _state):
+        try:
+            out_grads = [NDArray(ctypes.cast(ptrs[i], NDArrayHandle), writable=False)
+                         for i in range(num_out)]
+            in_grads = [NDArray(ctypes.cast(ptrs[num_out + i], NDArrayHandle), writable=True)
+                        for i in range(num_in)]
+            backward(out_grads, in_grads, [_REQ[reqs[i]] for i in range(num_in)])
+        except Exception:  # noqa: BLE001 - a C callback must not raise
+            log.error("mxmirror: PlannedBlock backward failed:\n" + traceback.format_exc())
+            return False
+        return True
+
+    def on_delete(_state):
+        release()
+        _alive.pop(key, None)
+        return True
+
+    callbacks = [_BACKWARD(on_backward), _DELETE(on_delete)]
+    casted = [ctypes.cast(c, ctypes.CFUNCTYPE(ctypes.c_int)) for c in callbacks]
+    context = MXCallbackList(
+        ctypes.c_int(len(casted)),
+        ctypes.cast(c_array(ctypes.CFUNCTYPE(ctypes.c_int), casted),
+                    ctypes.POINTER(ctypes.CFUNCTYPE(ctypes.c_int))),
+        ctypes.cast(c_array(ctypes.c_void_p, [None] * len(casted)),
+                    ctypes.POINTER(ctypes.c_void_p)))
+    _alive[key] = (callbacks, context)
+    check_call(_LIB.MXCustomFunctionRecord(
+        ctypes.c_int(len(inputs)), c_handle_array(inputs),
+        ctypes.c_int(len(outputs)), c_handle_array(outputs), ctypes.byref(context)))
+
+
+# ------------------------------------------------------------ the unchanged-script hook
+_hook: dict[str, Any] = {}
+_planned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_reported: weakref.WeakSet = weakref.WeakSet()
+_depth = threading.local()
+
+
+def install(state: Callable[[], tuple[str | None, Any]]) -> None:
+    """Route the outermost hybridized block called under autograd.record() through a
+    PlannedBlock while ``state()`` (the bind hook's policy, budget) names a policy."""
+    if _hook:
+        return
+    mx = _mx()
+    hybrid = mx.gluon.HybridBlock
+    original = _hook["call"] = hybrid.__call__
+
+    def call(self, *args, **kwargs):
+        policy, budget = state()
+        if policy in (None, "none") or getattr(_depth, "inside", False) or kwargs \
+                or not mx.autograd.is_recording() or not args \
+                or not isinstance(args[0], mx.nd.NDArray):
+            return original(self, *args, **kwargs)
+        if not self._active:  # its hybridized children may still be planned
+            if self not in _reported and not getattr(_depth, "quiet", False):
+                _reported.add(self)
+                log.info(f"mxmirror: gluon {self.name} is not hybridized: trained "
+                         f"unplanned (call .hybridize() to plan it)")
+            quiet, _depth.quiet = getattr(_depth, "quiet", False), True
+            try:
+                return original(self, *args)
+            finally:
+                _depth.quiet = quiet
+        planned = _planned.get(self)
+        if planned is None or (planned.policy, planned.budget) != (policy, budget):
+            planned = _planned[self] = PlannedBlock(self, policy, budget)
+        _depth.inside = True
+        try:
+            return planned(*args)
+        finally:
+            _depth.inside = False
+
+    hybrid.__call__ = call
+
+
+def uninstall() -> None:
+    """Give HybridBlock back its own __call__."""
+    if _hook:
+        _mx().gluon.HybridBlock.__call__ = _hook.pop("call")

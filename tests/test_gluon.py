@@ -1,0 +1,312 @@
+"""PlannedBlock trains a hybridized Gluon block exactly as plain hybridized training does.
+
+Every comparison is bit-exact: the planned executor runs the same kernels on the same
+values as the CachedOp (measured: MKL-DNN on and off, every mirror-kind policy).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd, gluon
+
+import mxmirror
+from mxmirror.errors import PlanError
+from mxmirror.gluon import PlannedBlock
+
+ROOT = Path(__file__).resolve().parents[1]
+MIRROR_POLICIES = ["none", "cheap", "sqrt", "optimal", "budget"]
+
+
+def resnet(dtype="float32"):
+    mx.random.seed(0)
+    net = gluon.model_zoo.vision.resnet18_v1(classes=10, pretrained=False)
+    net.initialize(mx.init.Xavier(), ctx=CTXS)
+    if dtype != "float32":
+        net.cast(dtype)
+    return net
+
+
+class DropoutNet(gluon.HybridBlock):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        with self.name_scope():
+            self.body = gluon.nn.HybridSequential()
+            self.body.add(gluon.nn.Conv2D(8, 3, padding=1), gluon.nn.BatchNorm(),
+                          gluon.nn.Activation("relu"), gluon.nn.Dropout(0.5),
+                          gluon.nn.Conv2D(8, 3, padding=1), gluon.nn.Activation("relu"),
+                          gluon.nn.Dropout(0.3), gluon.nn.Dense(10))
+
+    def hybrid_forward(self, F, x):
+        return self.body(x)
+
+
+def dropout_net(dtype="float32"):
+    mx.random.seed(0)
+    net = DropoutNet()
+    net.initialize(mx.init.Xavier(), ctx=CTXS)
+    return net
+
+
+class HalfNet(gluon.HybridBlock):
+    """Ops MXNet 1.9.1 runs in float16 on a CPU (no gemm): scale, BatchNorm (its own
+    parameters stay float32), ReLU, pooling."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        with self.name_scope():
+            self.scale = self.params.get("scale", shape=(1, 3, 1, 1), init=mx.init.Uniform())
+            self.bn = gluon.nn.BatchNorm()
+            self.bn2 = gluon.nn.BatchNorm()
+
+    def hybrid_forward(self, F, x, scale):
+        y = F.relu(self.bn(F.broadcast_mul(x, scale)))
+        y = F.relu(self.bn2(F.broadcast_mul(y, scale) + y))
+        return F.mean(y, axis=(2, 3))
+
+
+def half_net(dtype="float32"):
+    mx.random.seed(0)
+    net = HalfNet()
+    net.initialize(mx.init.Xavier(), ctx=CTXS)
+    net.cast(dtype)
+    return net
+
+
+CTXS = [mx.cpu(0)]
+
+
+def budget_for(net, shape):
+    """A budget the budget policy can meet: sqrt's own plan for this graph."""
+    sym = net(mx.sym.var("data"))
+    return mxmirror.plan(sym, "sqrt", data=shape).planned_bytes
+
+
+def train(make, policy=None, steps=3, ctxs=None, grad_req="write", dtype="float32",
+          input_grad=False, batch=2, seed=None, budget=None):
+    """Every array a user can read after `steps` Trainer steps: gradients (at each step),
+    parameters with BatchNorm statistics, outputs, losses and input gradients."""
+    ctxs = ctxs or (mx.cpu(0),)
+    CTXS[:] = list(ctxs)
+    net = make(dtype)
+    net.hybridize()
+    net(mx.nd.zeros((batch, 3, 32, 32), ctx=ctxs[0], dtype=dtype))  # finish shapes
+    params = list(net.collect_params().values())
+    if grad_req != "write":
+        net.collect_params().setattr("grad_req", grad_req)
+    if policy == "budget" and budget is None:
+        budget = budget_for(net, (batch // len(ctxs), 3, 32, 32))
+    model = net if policy is None else PlannedBlock(net, policy=policy, budget=budget)
+    trainer = gluon.Trainer(net.collect_params(), "sgd",
+                            {"learning_rate": 0.01, "momentum": 0.9, "wd": 1e-4})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    rs = np.random.RandomState(1)
+    seen = {}
+    if seed is not None:
+        mx.random.seed(seed)
+    for step in range(steps):
+        x = mx.nd.array(rs.rand(batch, 3, 32, 32), dtype=dtype)
+        y = mx.nd.array(rs.randint(0, 10, (batch,)), dtype=dtype)
+        xs = gluon.utils.split_and_load(x, list(ctxs))
+        ys = gluon.utils.split_and_load(y, list(ctxs))
+        if input_grad:
+            for xi in xs:
+                xi.attach_grad()
+        with autograd.record():
+            outs = [model(xi) for xi in xs]
+            losses = [loss_fn(o, yi) for o, yi in zip(outs, ys)]
+        autograd.backward(losses)
+        for i, (o, lo) in enumerate(zip(outs, losses)):
+            seen[f"out{step}.{i}"] = o.asnumpy()
+            seen[f"loss{step}.{i}"] = lo.asnumpy()
+            if input_grad:
+                seen[f"dx{step}.{i}"] = xs[i].grad.asnumpy()
+        for k, p in enumerate(params):
+            if p.grad_req != "null":
+                for c in ctxs:
+                    seen[f"grad{step}.{k}.{c}"] = p.grad(c).asnumpy()
+        if grad_req != "add" or step % 2 == 1:
+            trainer.step(batch)
+            if grad_req == "add":
+                net.collect_params().zero_grad()
+    for k, p in enumerate(params):
+        for c in ctxs:
+            seen[f"value.{k}.{c}"] = p.data(c).asnumpy()
+    return seen
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype, k
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+@pytest.fixture(scope="module")
+def plain_resnet():
+    return train(resnet)
+
+
+@pytest.mark.parametrize("policy", MIRROR_POLICIES)
+def test_resnet_trains_like_plain_hybridized(plain_resnet, policy):
+    assert_same(train(resnet, policy), plain_resnet)
+
+
+def test_plans_recompute_and_save_memory():
+    """The plans compared above really recompute, and MXNet allocates less for them."""
+    CTXS[:] = [mx.cpu(0)]
+    net = resnet()
+    net.hybridize()
+    figures = {}
+    for policy in ("none", "sqrt"):
+        planned = PlannedBlock(net, policy)
+        with autograd.record():
+            planned(mx.nd.ones((32, 3, 32, 32)))
+        (bound,) = planned._bound.values()
+        figures[policy] = mxnet_adapter_mb(bound.exec.debug_str())
+        if policy == "sqrt":
+            assert bound.plan.mirrored
+    assert figures["sqrt"] < figures["none"]
+
+
+def mxnet_adapter_mb(text: str) -> int:
+    return int(re.search(r"Total (\d+) MB allocated", text).group(1))
+
+
+def test_dropout_every_policy_equals_none():
+    """An executor and a CachedOp draw different masks from one seed, so the reference is
+    the same wrapper unplanned: a recomputation never draws a new mask."""
+    reference = train(dropout_net, "none", seed=3)
+    for policy in MIRROR_POLICIES[1:]:
+        assert_same(train(dropout_net, policy, seed=3), reference)
+
+
+def test_grad_req_add_accumulates_like_plain():
+    assert_same(train(resnet, "sqrt", steps=4, grad_req="add"),
+                train(resnet, None, steps=4, grad_req="add"))
+
+
+def test_two_contexts_split_and_load():
+    ctxs = (mx.cpu(0), mx.cpu(1))
+    assert_same(train(resnet, "sqrt", ctxs=ctxs, batch=4), train(resnet, None, ctxs=ctxs, batch=4))
+
+
+def test_float16():
+    assert_same(train(half_net, "sqrt", dtype="float16"), train(half_net, None, dtype="float16"))
+
+
+def test_input_gradient():
+    assert_same(train(resnet, "sqrt", input_grad=True), train(resnet, None, input_grad=True))
+
+
+def test_new_shapes_plan_once_per_shape(caplog):
+    CTXS[:] = [mx.cpu(0)]
+    net = resnet()
+    net.hybridize()
+    planned = PlannedBlock(net, "sqrt")
+    log = logging.getLogger("mxmirror")
+    log.addHandler(caplog.handler)
+    try:
+        for n in (2, 3, 2, 3):
+            with autograd.record():
+                out = planned(mx.nd.ones((n, 3, 32, 32)))
+            out.backward()
+            assert out.shape == (n, 10)
+    finally:
+        log.removeHandler(caplog.handler)
+    lines = [r.getMessage() for r in caplog.records if "gluon" in r.getMessage()]
+    assert len(lines) == 2 and "data=2x3x32x32" in lines[0] and "data=3x3x32x32" in lines[1]
+    assert len(planned._bound) == 2
+
+
+def test_inference_outside_record_is_the_block():
+    CTXS[:] = [mx.cpu(0)]
+    net = resnet()
+    net.hybridize()
+    x = mx.nd.ones((2, 3, 32, 32))
+    planned = PlannedBlock(net, "sqrt")
+    np.testing.assert_array_equal(planned(x).asnumpy(), net(x).asnumpy())
+    assert not planned._bound  # no executor bound for inference
+
+
+def test_unchanged_script_under_enabled(caplog):
+    """mxmirror.enabled() plans the hybridized block of an unchanged loop, exactly."""
+    log = logging.getLogger("mxmirror")
+    log.addHandler(caplog.handler)
+    try:
+        with mxmirror.enabled("sqrt"):
+            hooked = train(resnet, None)
+    finally:
+        log.removeHandler(caplog.handler)
+    assert_same(hooked, train(resnet, None))
+    lines = [r.getMessage() for r in caplog.records if "gluon" in r.getMessage()]
+    planned = [line for line in lines if "policy=sqrt" in line]
+    assert len(planned) == 1 and "resnet" in planned[0]
+    # the loss is a HybridBlock too, never hybridized: left alone, said once
+    assert [line for line in lines if line not in planned] == [
+        line for line in lines if "softmaxcrossentropyloss" in line and "not hybridized" in line]
+    assert len(lines) == 2
+
+
+def test_hook_leaves_unhybridized_blocks_alone(caplog):
+    CTXS[:] = [mx.cpu(0)]
+    net = resnet()
+    log = logging.getLogger("mxmirror")
+    log.addHandler(caplog.handler)
+    try:
+        with mxmirror.enabled("sqrt"):
+            for _ in range(2):
+                with autograd.record():
+                    out = net(mx.nd.ones((2, 3, 32, 32)))
+                out.backward()
+    finally:
+        log.removeHandler(caplog.handler)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "not hybridized" in lines[0]
+
+
+def test_segmented_policies_refused_with_a_reason():
+    CTXS[:] = [mx.cpu(0)]
+    net = resnet()
+    net.hybridize()
+    planned = PlannedBlock(net, "recursive")
+    with pytest.raises(PlanError, match="segmented executor"):
+        with autograd.record():
+            planned(mx.nd.ones((2, 3, 32, 32)))
+
+
+def test_bad_input():
+    with pytest.raises(PlanError, match="HybridBlock"):
+        PlannedBlock(gluon.nn.Sequential())
+    with pytest.raises(PlanError, match="unknown policy"):
+        PlannedBlock(gluon.nn.Dense(2), policy="fastest")
+    with pytest.raises(PlanError, match="budget"):
+        PlannedBlock(gluon.nn.Dense(2), policy="budget", budget="lots")
+
+
+def test_mkldnn_off_bit_identical():
+    """MKL-DNN is read at process start: the same comparisons in a child with it off."""
+    code = textwrap.dedent("""
+        import sys
+        sys.path.insert(0, sys.argv[1])
+        from tests import test_gluon as t
+        plain = t.train(t.resnet)
+        for policy in t.MIRROR_POLICIES:
+            t.assert_same(t.train(t.resnet, policy), plain)
+        ref = t.train(t.dropout_net, "none", seed=3)
+        t.assert_same(t.train(t.dropout_net, "sqrt", seed=3), ref)
+        print("ok")
+    """)
+    env = dict(os.environ, MXNET_MKLDNN_ENABLED="0")
+    run = subprocess.run([sys.executable, "-c", code, str(ROOT)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
