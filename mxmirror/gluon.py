@@ -121,11 +121,16 @@ class _Bound:
             raise PlanError(f"the block's graph reads {', '.join(unknown)}, which are neither "
                             f"its inputs nor its Parameters")
         self.trained = []  # (name, Parameter) of the arguments that get a gradient
+        self.weights = []  # (executor array, Parameter): refreshed before every forward
         for name in symbol.list_arguments():
             if name in names:
                 continue
             p = params[name]
-            args[name], reqs[name], types[name] = p.data(ctx), p.grad_req, _dtype(p.dtype)
+            # the executor's own copy: its backward runs from autograd's callback, after
+            # the caller may already have queued Trainer.step's in-place update
+            args[name] = mx.nd.empty(p.shape, ctx, dtype=p.dtype)
+            reqs[name], types[name] = p.grad_req, _dtype(p.dtype)
+            self.weights.append((args[name], p))
             if p.grad_req != "null":
                 self.trained.append((name, p))
         aux = {n: params[n].data(ctx) for n in symbol.list_auxiliary_states()}
@@ -136,49 +141,54 @@ class _Bound:
         bind_reqs = {n: ("null" if r == "null" else "write") for n, r in reqs.items()}
         grads = {n: mx.nd.zeros(args[n].shape, ctx, dtype=args[n].dtype)
                  for n, r in bind_reqs.items() if r != "null"}
-        self.arrays = {n: a for n, a in args.items()}
         self.aux = aux
         self.plan, self.exec = _bind_planned(owner, symbol, ctx, args, grads, bind_reqs, aux,
                                              types, shapes)
         self.input_grads = [self.exec.grad_dict.get(n) for n in names]
         self.param_grads = [self.exec.grad_dict[n] for n, _ in self.trained]
-        self.pending = False
+        self.done = threading.Event()  # the last recorded call's backward has been queued
+        self.done.set()
 
     def current(self, params: dict, ctx: Any) -> bool:
         """Still bound to the Parameters' own arrays (cast or reset_ctx replace them)."""
-        return all(params[n].data(ctx) is a for n, a in self.arrays.items() if n in params) \
-            and all(params[n].data(ctx) is a for n, a in self.aux.items())
+        return all(params[n].data(ctx) is a for n, a in self.aux.items())
 
     def run(self, inputs: tuple) -> Any:
         mx = _mx()
-        if self.pending:
+        # autograd runs the previous call's backward on its own thread: let it queue its
+        # work on this executor before the next forward overwrites what it reads
+        if not self.done.wait(timeout=60):
             raise PlanError("a PlannedBlock was called twice on the same shapes inside one "
                             "autograd.record() before backward(); call backward() (or leave "
                             "record()) between the calls")
         is_train = mx.autograd.is_training()
         with mx.autograd.pause(train_mode=is_train):
+            for arr, p in self.weights:
+                p.data(self.ctx).copyto(arr)
             for name, x in zip(self.names, inputs):
                 x.copyto(self.exec.arg_dict[name])
             self.exec.forward(is_train=is_train)
             outputs = [o.copy() for o in self.exec.outputs]
         tape_inputs = [p.data(self.ctx) for _, p in self.trained] + list(inputs)
-        self.pending = True
+        self.done.clear()
         _record(tape_inputs, outputs, self._backward, self._release)
         return _regroup(outputs, self.fmt)
 
     def _backward(self, out_grads: list, in_grads: list, reqs: list) -> None:
-        self.pending = False
-        self.exec.backward(out_grads=out_grads)
-        for dst, req, src in zip(in_grads, reqs, self.param_grads + self.input_grads):
-            if req == "null" or src is None:
-                continue
-            if req == "add":
-                dst[:] += src
-            else:
-                dst[:] = src
+        try:
+            self.exec.backward(out_grads=out_grads)
+            for dst, req, src in zip(in_grads, reqs, self.param_grads + self.input_grads):
+                if req == "null" or src is None:
+                    continue
+                if req == "add":
+                    dst[:] += src
+                else:
+                    dst[:] = src
+        finally:
+            self.done.set()
 
     def _release(self) -> None:
-        self.pending = False
+        self.done.set()
 
 
 def _bind_planned(owner: PlannedBlock, symbol: Any, ctx: Any, args: dict, grads: dict,
