@@ -193,6 +193,10 @@ def test_dropout_every_policy_equals_none():
     """An executor and a CachedOp draw different masks from one seed, so the reference is
     the same wrapper unplanned: a recomputation never draws a new mask."""
     reference = train(dropout_net, "none", seed=3)
+    sym = dropout_net()(mx.sym.var("data"))
+    for policy in ("cheap", "sqrt", "optimal"):  # they recompute what feeds a Dropout
+        mirrored = mxmirror.plan(sym, policy, data=(2, 3, 32, 32)).mirrored
+        assert any("relu0" in m for m in mirrored), (policy, mirrored)
     for policy in MIRROR_POLICIES[1:]:
         assert_same(train(dropout_net, policy, seed=3), reference)
 
