@@ -10,9 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import logging
 import os
-import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -21,27 +19,16 @@ from .api import plan
 from .aux_order import order_aux_updates
 from .errors import PlanError
 from .executor import mxnet_bind
+from .log import log
+from .log import show as _show_log
 from .mxnet_adapter import UNHOOKED as _originals
 from .mxnet_adapter import load_mxnet
 from .plan import Plan
 from .planners import resolve
 
-log = logging.getLogger("mxmirror")
-log.addHandler(logging.NullHandler())
-
 _state: dict[str, Any] = {"policy": None, "budget": None}
 _plans: dict[str, Plan | None] = {}  # plan key -> plan (None: nothing to recompute)
 _failed: dict[str, str] = {}  # plan key -> why planning failed (warned once)
-
-
-def _show_log() -> None:
-    """One line per planned bind on stderr, unless the application configured logging."""
-    if not any(not isinstance(h, logging.NullHandler) for h in log.handlers):
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-        log.propagate = False
 
 
 def enable(policy: str = "sqrt", budget: Any = None) -> None:

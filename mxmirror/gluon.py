@@ -2,29 +2,30 @@
 
 MXNet 1.9.1's CachedOp builds its gradient graph with no mirror function, so a Gluon
 graph can only be planned on a symbolic executor. PlannedBlock exports the block's graph
-as a Symbol, plans it, binds it on the block's own Parameter arrays (and aux states, so
-BatchNorm statistics are updated in place) and records each call on autograd's tape as
-one custom function whose backward runs the executor's backward. autograd then writes
-the Parameters' gradients with their own grad_req and marks them fresh, exactly as for
-any recorded op, so an unchanged ``gluon.Trainer`` trains the block.
+as a Symbol, plans it, binds it with the block's own aux states (BatchNorm statistics are
+updated in place) and a copy of its weights refreshed before every forward, and records
+each call on autograd's tape as one custom function of the Parameters and the inputs
+whose backward runs the executor's backward. autograd then writes the Parameters'
+gradients with their own grad_req and marks them fresh, exactly as for any recorded op,
+so an unchanged ``gluon.Trainer`` trains the block.
 """
 
 from __future__ import annotations
 
 import ctypes
-import logging
 import threading
 import traceback
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .api import parse_budget, plan
+from .api import plan
+from .aux_order import order_aux_updates
 from .errors import PlanError
+from .log import log
+from .log import show as show_log
 from .mxnet_adapter import unhooked
-from .planners import POLICIES
-
-log = logging.getLogger("mxmirror")
+from .planners import resolve
 
 _REQ = {0: "null", 1: "write", 2: "write", 3: "add"}  # MXNet's OpReqType codes
 
@@ -48,9 +49,8 @@ class PlannedBlock(_mx().gluon.Block):
         if not isinstance(block, mx.gluon.HybridBlock):
             raise PlanError(f"PlannedBlock needs a HybridBlock (its graph is exported as a "
                             f"Symbol to plan it), not {type(block).__name__}")
-        if policy not in POLICIES:
-            raise PlanError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
-        parse_budget(budget)
+        resolve(policy, budget)
+        show_log()
         super().__init__(prefix=block.prefix, params=None)
         self.block = block
         self.policy = policy
@@ -103,7 +103,7 @@ class PlannedBlock(_mx().gluon.Block):
 
 
 class _Bound:
-    """One planned executor on the block's Parameter arrays, and its autograd bridge."""
+    """One planned executor for the block's Parameters, and its autograd bridge."""
 
     def __init__(self, owner: PlannedBlock, symbol: Any, fmt: Any, names: list[str],
                  inputs: tuple, input_reqs: tuple, params: dict, ctx: Any) -> None:
@@ -146,11 +146,11 @@ class _Bound:
                                              types, shapes)
         self.input_grads = [self.exec.grad_dict.get(n) for n in names]
         self.param_grads = [self.exec.grad_dict[n] for n, _ in self.trained]
-        self.done = threading.Event()  # the last recorded call's backward has been queued
-        self.done.set()
+        self.done = threading.Event()  # set once the last recorded call's backward is queued
+        self.done.set()  # (or its tape is gone without one); one Event per recorded call
 
     def current(self, params: dict, ctx: Any) -> bool:
-        """Still bound to the Parameters' own arrays (cast or reset_ctx replace them)."""
+        """Still bound to the Parameters' own aux arrays (cast or reset_ctx replace them)."""
         return all(params[n].data(ctx) is a for n, a in self.aux.items())
 
     def run(self, inputs: tuple) -> Any:
@@ -170,11 +170,12 @@ class _Bound:
             self.exec.forward(is_train=is_train)
             outputs = [o.copy() for o in self.exec.outputs]
         tape_inputs = [p.data(self.ctx) for _, p in self.trained] + list(inputs)
-        self.done.clear()
-        _record(tape_inputs, outputs, self._backward, self._release)
+        done = self.done = threading.Event()
+        _record(tape_inputs, outputs, lambda *grads: self._backward(done, *grads), done.set)
         return _regroup(outputs, self.fmt)
 
-    def _backward(self, out_grads: list, in_grads: list, reqs: list) -> None:
+    def _backward(self, done: threading.Event, out_grads: list, in_grads: list,
+                  reqs: list) -> None:
         try:
             self.exec.backward(out_grads=out_grads)
             for dst, req, src in zip(in_grads, reqs, self.param_grads + self.input_grads):
@@ -185,32 +186,28 @@ class _Bound:
                 else:
                     dst[:] = src
         finally:
-            self.done.set()
-
-    def _release(self) -> None:
-        self.done.set()
+            done.set()
 
 
 def _bind_planned(owner: PlannedBlock, symbol: Any, ctx: Any, args: dict, grads: dict,
                   reqs: dict, aux: dict, types: dict, shapes: dict) -> tuple[Any, Any]:
     """The plan (None for policy none) and its executor bound on the given arrays."""
-    bind = unhooked("bind")
-    kw = dict(args_grad=grads, grad_req=reqs, aux_states=aux)
+    kw = dict(args=args, args_grad=grads, grad_req=reqs, aux_states=aux)
     if owner.policy == "none":
         log.info(f"mxmirror: gluon {owner.block.name} {_shapes(shapes)} policy=none "
                  f"(unplanned executor)")
-        return None, bind(symbol, ctx, args, **kw)
+        return None, order_aux_updates(unhooked("bind")(symbol, ctx, **kw))
     p = plan(symbol, policy=owner.policy, budget=owner.budget, type_dict=types,
              grad_req=reqs, **shapes)
     log.info(f"mxmirror: gluon {owner.block.name} {_shapes(shapes)} "
              + p.summary().replace("mxmirror: ", ""))
-    if p.segmented is not None:
+    if p.execution.kind == "segmented":
         # SegmentedExecutor.backward calls mx.nd.waitall() (its BatchNorm workaround), which
         # never returns inside autograd's backward: the engine waits for this very callback
         raise PlanError(f"policy {owner.policy!r} runs on the segmented executor, which "
                         f"cannot run inside autograd's backward yet; use none, cheap, sqrt, "
                         f"optimal or budget with PlannedBlock")
-    return p, bind(p.symbol, ctx, args, **kw)
+    return p, p.bind(ctx, symbol=symbol, **kw)
 
 
 def _shapes(shapes: dict) -> str:

@@ -321,3 +321,48 @@ def test_mkldnn_off_bit_identical():
     run = subprocess.run([sys.executable, "-c", code, str(ROOT)], env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
+
+
+GLUON_SCRIPT = textwrap.dedent("""
+    import mxnet as mx
+    from mxnet import autograd, gluon
+    mx.random.seed(0)
+    net = gluon.model_zoo.vision.resnet18_v1(classes=10, pretrained=False)
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01,
+                                                          "momentum": 0.9})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    x = mx.nd.random.uniform(shape=(2, 3, 32, 32))
+    y = mx.nd.array([1, 7])
+    for _ in range(3):
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(2)
+    print("checksum %r" % sum(float(p.data().abs().sum().asscalar())
+                             for p in net.collect_params().values()))
+""")
+
+
+@pytest.mark.parametrize("how", ["run", "env"])
+def test_unchanged_script_under_mxmirror_run_and_env(tmp_path: Path, how: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(GLUON_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MXMIRROR_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           env=env, timeout=300)
+    if how == "run":
+        cmd = [sys.executable, "-m", "mxmirror", "run", "--policy", "sqrt", str(script)]
+    else:
+        cmd = [sys.executable, "-c", "import mxmirror, runpy, sys; "
+               "runpy.run_path(sys.argv[1], run_name='__main__')", str(script)]
+        env["MXMIRROR_POLICY"] = "sqrt"
+    planned = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert plain.returncode == 0 and planned.returncode == 0, planned.stderr[-2000:]
+    assert "mxmirror: gluon resnetv10 data=2x3x32x32 policy=sqrt" in planned.stderr
+    assert "mxmirror: gluon" not in plain.stderr
+    checksum = [line for line in plain.stdout.splitlines() if line.startswith("checksum")]
+    assert checksum and checksum == [line for line in planned.stdout.splitlines()
+                                     if line.startswith("checksum")]
