@@ -285,14 +285,17 @@ def test_hook_leaves_unhybridized_blocks_alone(caplog):
     assert len(lines) == 1 and "not hybridized" in lines[0]
 
 
-def test_segmented_policies_refused_with_a_reason():
+def test_recursive_trains_like_plain_or_is_refused(plain_resnet):
+    """recursive runs on MXNet's own executor when its segmented plan would not be better
+    (then it trains exactly like plain); a segmented plan is refused with the reason."""
     CTXS[:] = [mx.cpu(0)]
-    net = resnet()
-    net.hybridize()
-    planned = PlannedBlock(net, "recursive")
-    with pytest.raises(PlanError, match="segmented executor"):
-        with autograd.record():
-            planned(mx.nd.ones((2, 3, 32, 32)))
+    sym = resnet()(mx.sym.var("data"))
+    kind = mxmirror.plan(sym, "recursive", data=(2, 3, 32, 32)).execution.kind
+    if kind == "mirror":
+        assert_same(train(resnet, "recursive"), plain_resnet)
+    else:
+        with pytest.raises(PlanError, match="segmented executor"):
+            train(resnet, "recursive")
 
 
 def test_bad_input():
