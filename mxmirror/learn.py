@@ -7,11 +7,13 @@ built: the backward nodes, their inputs and control dependencies, the number
 of outputs (hidden ones too) and their shapes. That is the ground truth the
 simulator reuses, so we never guess an op's backward needs.
 
-Templates are cached on disk per MXNet version (``~/.cache/mxmirror``).
+Templates are cached on disk per MXNet version (``~/.cache/mxmirror``;
+``MXMIRROR_CACHE=DIR`` moves it, ``MXMIRROR_CACHE=off`` turns every disk cache off).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -54,35 +56,60 @@ def signature(op: str, attrs: dict[str, str], in_shapes: list[tuple], aux: list[
     return json.dumps(key, sort_keys=True)
 
 
-def cache_path() -> Path:
-    base = os.environ.get("MXMIRROR_CACHE") or os.path.join(
+def cache_path() -> Path | None:
+    """The root of every disk cache (templates, plans): ``MXMIRROR_CACHE`` or
+    ~/.cache/mxmirror; None when ``MXMIRROR_CACHE=off`` (nothing read or written)."""
+    base = os.environ.get("MXMIRROR_CACHE")
+    if base is not None and base.strip().lower() == "off":
+        return None
+    base = base or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mxmirror")
     return Path(base)
+
+
+def write_atomic(file: Path, text: str) -> None:
+    """Write through a temporary file of a unique name, then rename: a concurrent reader
+    sees the old file or the new one, never half of one (OSError: not written)."""
+    file.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=file.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, file)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 class TemplateStore:
     """In-memory + on-disk cache of learned templates, keyed by signature."""
 
     def __init__(self, mxnet_version: str, path: Path | None = None) -> None:
-        self.file = (path or cache_path()) / f"templates-mxnet-{mxnet_version}.json"
-        self.data: dict[str, Template] = {}
-        if self.file.exists():
-            try:
-                raw = json.loads(self.file.read_text())
-                self.data = {k: Template.from_json(v) for k, v in raw.items()}
-            except (ValueError, KeyError, TypeError):
-                self.data = {}  # a corrupt cache is only a cache: relearn
+        root = path or cache_path()
+        self.file = None if root is None else root / f"templates-mxnet-{mxnet_version}.json"
+        self.data: dict[str, Template] = self._read()
+
+    def _read(self) -> dict[str, Template]:
+        if self.file is None or not self.file.exists():
+            return {}
+        try:
+            raw = json.loads(self.file.read_text())
+            return {k: Template.from_json(v) for k, v in raw.items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return {}  # a corrupt cache is only a cache: relearn
 
     def get(self, key: str) -> Template | None:
         return self.data.get(key)
 
     def put_many(self, items: dict[str, Template]) -> None:
+        """Keep `items`, and on disk merged with what other processes wrote meanwhile."""
         self.data.update(items)
+        if self.file is None:
+            return
+        merged = {**self._read(), **self.data}
         try:
-            self.file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({k: v.to_json() for k, v in self.data.items()}))
-            tmp.replace(self.file)
+            write_atomic(self.file, json.dumps({k: v.to_json() for k, v in merged.items()}))
         except OSError:
             pass  # read-only home: keep the in-memory cache
 

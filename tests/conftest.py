@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -16,3 +18,17 @@ def pytest_configure(config) -> None:
         "slow: takes more than ~20 s (big binds in child processes); "
         "deselect with -m 'not slow'",
     )
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _plans_in_session_dir(tmp_path_factory):
+    """Plans kept by the tests go to a folder of the test session, not the user's cache
+    (templates still come from the user's cache: learning them takes child binds)."""
+    from mxmirror import learn
+    from mxmirror.planners import cache
+
+    folder = tmp_path_factory.mktemp("plans")
+    saved = cache.plans_dir
+    cache.plans_dir = lambda: None if learn.cache_path() is None else folder
+    yield
+    cache.plans_dir = saved

@@ -3,7 +3,7 @@
 Each strategy takes an Analysis and a budget and returns a ``Choice``; this
 registry validates the policy and budget (for the API, the bind hook and the
 CLI alike), runs the strategy, keeps it from ever being worse than no plan,
-times it and builds the ``Plan``.
+times it and builds the ``Plan``; plans are kept on disk (``cache``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from ..analysis import Analysis
 from ..errors import PlanError
 from ..plan import BindInputs, MirrorExecution, Plan, SegmentedExecution
-from . import auto, budget, cheap, front, multilevel, none, recursive, search, sqrt
+from . import auto, budget, cache, cheap, front, multilevel, none, recursive, search, sqrt
 from .common import Choice
 
 STRATEGIES: dict[str, Callable[[Analysis, int | None], Choice]] = {
@@ -99,6 +99,26 @@ def _make(analysis: Analysis, policy: str, budget: Any, source_json: str | None,
           inputs: BindInputs | None, budget_source: str | None, never_worse: bool) -> Plan:
     name, budget_bytes = resolve(policy, budget)
     start = time.perf_counter()
+    key = cache.plan_key(name, budget_bytes, source_json, inputs, never_worse)
+    found = cache.load(key, analysis)
+    if found is None:
+        found = _choose(analysis, name, budget_bytes, never_worse)
+        cache.save(key, *found)
+    choice, baseline_bytes, notes = found
+    execution = (MirrorExecution() if choice.segments is None
+                 else SegmentedExecution(choice.segments))
+    return Plan(name, analysis, choice.score.mirror, list(choice.checkpoints),
+                baseline_bytes, choice.score.planned_bytes, choice.score.recompute_ratio,
+                execution, inputs=inputs, source_json=source_json,
+                plan_seconds=time.perf_counter() - start, notes=notes,
+                budget=None if budget_bytes is None or name not in BUDGETED else
+                f"{budget_bytes / 2**20:.0f} MB ({budget_source or 'given'})")
+
+
+def _choose(analysis: Analysis, name: str, budget_bytes: int | None, never_worse: bool
+            ) -> tuple[Choice, int, list[str]]:
+    """The strategy's choice kept from being worse than no plan (and, with `never_worse`,
+    segmented only below the best one-recompute plan), the baseline bytes and the notes."""
     choice = STRATEGIES[name](analysis, budget_bytes)
     base = analysis.baseline
     notes = list(choice.notes)
@@ -114,14 +134,7 @@ def _make(analysis: Analysis, policy: str, budget: Any, source_json: str | None,
                      f"{choice.score.planned_bytes / 2**20:.0f} MB, no plan: "
                      f"{base.planned_bytes / 2**20:.0f} MB): the graph is left as it is")
         choice = Choice(base)
-    execution = (MirrorExecution() if choice.segments is None
-                 else SegmentedExecution(choice.segments))
-    return Plan(name, analysis, choice.score.mirror, list(choice.checkpoints),
-                base.planned_bytes, choice.score.planned_bytes, choice.score.recompute_ratio,
-                execution, inputs=inputs, source_json=source_json,
-                plan_seconds=time.perf_counter() - start, notes=notes,
-                budget=None if budget_bytes is None or name not in BUDGETED else
-                f"{budget_bytes / 2**20:.0f} MB ({budget_source or 'given'})")
+    return choice, base.planned_bytes, notes
 
 
 def _segmented_or_one_recompute(a: Analysis, segmented: Choice,

@@ -1,0 +1,129 @@
+"""Plans kept on disk, so that a restarted job or every bucket of a BucketingModule plans once.
+
+One JSON file per plan under ``<cache root>/plans`` (the root is ``learn.cache_path()``:
+``MXMIRROR_CACHE=DIR`` or ~/.cache/mxmirror; ``MXMIRROR_CACHE=off`` keeps nothing). The
+file name is a digest of everything that decides the plan: the symbol without mirror
+attributes, shapes, dtypes, grad_req, the strategy and budget, the MXNet version and MKLDNN
+switch (they decide the learned templates), a schema number and the source of the whole
+package (any code change plans again). A file holds what the strategy chose, enough to
+rebuild the Plan without searching: the recomputed node ids, checkpoints and bytes, and
+for segmented plans the cuts and tree (``segments.make_segment_plan`` rebuilds the rest).
+Files are written atomically (a unique temporary name, then a rename); a file that cannot
+be read is reported once and planned again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from functools import lru_cache
+from pathlib import Path
+
+from .. import learn
+from ..analysis import Analysis, Score
+from ..plan import BindInputs
+from ..segments import make_segment_plan
+from .common import Choice
+
+SCHEMA = 1  # bump when what a file holds changes
+
+
+@lru_cache(maxsize=1)
+def source_digest() -> str:
+    """Digest of the package's source: a plan is only reused by the code that made it."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for f in sorted(root.rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def plan_key(strategy: str, budget_bytes: int | None, source_json: str | None,
+             inputs: BindInputs | None, never_worse: bool = True) -> str | None:
+    """The digest naming a plan's file; None when plans are not kept (no symbol, cache off)."""
+    if source_json is None or inputs is None or plans_dir() is None:
+        return None
+    from .. import mxnet_adapter
+
+    parts = {
+        "schema": SCHEMA, "source": source_digest(),
+        "mxnet": mxnet_adapter.load_mxnet().__version__,
+        "mkldnn": os.environ.get("MXNET_MKLDNN_ENABLED", ""),
+        "symbol": source_json,
+        "shapes": {k: list(v) for k, v in sorted(inputs.shapes.items())},
+        "type_dict": sorted((inputs.type_dict or {}).items()),
+        "grad_req": sorted(inputs.grad_req.items()),
+        "strategy": strategy, "budget": budget_bytes, "never_worse": never_worse,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def plans_dir() -> Path | None:
+    """Where plans are kept (None: ``MXMIRROR_CACHE=off``)."""
+    root = learn.cache_path()
+    return None if root is None else root / "plans"
+
+
+def _file(key: str) -> Path | None:
+    folder = plans_dir()
+    return None if folder is None else folder / f"{key}.json"
+
+
+def load(key: str | None, a: Analysis) -> tuple[Choice, int, list[str]] | None:
+    """(choice, baseline bytes, notes) kept for `key`, or None (not kept, or unreadable:
+    warned once, and the caller plans again and overwrites it)."""
+    file = _file(key) if key else None
+    if file is None or not file.exists():
+        return None
+    try:
+        rec = json.loads(file.read_text())
+        return _from_record(rec, a)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        warnings.warn(f"mxmirror: ignoring an unreadable plan cache file {file.name} "
+                      f"({type(exc).__name__}: {exc}); planning again", stacklevel=3)
+        return None
+
+
+def save(key: str | None, choice: Choice, baseline_bytes: int, notes: list[str]) -> None:
+    """Keep a plan for `key` (nothing when the cache is off; a read-only cache is fine)."""
+    file = _file(key) if key else None
+    if file is None:
+        return
+    try:
+        learn.write_atomic(file, json.dumps(_to_record(choice, baseline_bytes, notes)))
+    except OSError:
+        pass
+
+
+def _to_record(choice: Choice, baseline_bytes: int, notes: list[str]) -> dict:
+    s = choice.score
+    rec = {"schema": SCHEMA, "mirror": sorted(s.mirror), "planned_bytes": s.planned_bytes,
+           "recompute_ratio": s.recompute_ratio, "checkpoints": list(choice.checkpoints),
+           "choice_notes": list(choice.notes), "baseline_bytes": baseline_bytes,
+           "notes": list(notes), "segments": None}
+    if choice.segments is not None:
+        sp = choice.segments
+        rec["segments"] = {"cuts": list(sp.cuts),
+                           "tree": [[s, e, mid] for (s, e), mid in sorted(sp.tree.items())]}
+    return rec
+
+
+def _from_record(rec: dict, a: Analysis) -> tuple[Choice, int, list[str]]:
+    if rec["schema"] != SCHEMA:
+        raise ValueError(f"schema {rec['schema']}, expected {SCHEMA}")
+    n = len(a.graph.nodes)
+    mirror = frozenset(int(i) for i in rec["mirror"])
+    if any(not 0 <= i < n for i in mirror):
+        raise ValueError("node ids outside the graph")
+    score = Score(int(rec["planned_bytes"]), float(rec["recompute_ratio"]), mirror)
+    segments = None
+    if rec["segments"] is not None:
+        tree = {(int(s), int(e)): int(mid) for s, e, mid in rec["segments"]["tree"]}
+        segments = make_segment_plan(a.graph, [int(c) for c in rec["segments"]["cuts"]], tree)
+        if segments.planned_bytes != score.planned_bytes:
+            raise ValueError("the segment plan rebuilt differs from the one kept")
+    choice = Choice(score, tuple(rec["checkpoints"]), segments, tuple(rec["choice_notes"]))
+    return choice, int(rec["baseline_bytes"]), [str(x) for x in rec["notes"]]

@@ -1,0 +1,120 @@
+"""The disk plan cache: the same Plan as planning afresh, robust to bad files and races."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from mxmirror import learn
+from mxmirror.api import prepare
+from mxmirror.planners import STRATEGIES, cache
+from symbols.resnet import resnet
+
+SHAPES = {"data": (4, 3, 32, 32), "softmax_label": (4,)}
+
+
+def _small():
+    return resnet([3, 3, 3], bottleneck=False, num_classes=10, image_shape=(3, 32, 32))
+
+
+def _fields(p) -> dict:
+    out = p.to_dict()
+    out.pop("plan_seconds")
+    out.update(recomputed=sorted(p.recomputed_ids), baseline=p.baseline_bytes,
+               notes=list(p.notes), kind=p.execution.kind, source=p.source_json,
+               inputs=p.inputs)
+    sp = getattr(p.execution, "segment_plan", None)
+    if sp is not None:
+        out.update(cuts=sp.cuts, tree=sp.tree, templates=sp.template_bytes,
+                   blocks=sp.template_blocks, runs=sp.dry.runs, peak=sp.dry.peak_bytes,
+                   planned=sp.planned_bytes)
+    return out
+
+
+@pytest.mark.parametrize("policy,budget", [("search", None), ("sqrt", None),
+                                           ("recursive", None), ("multilevel", "6MB"),
+                                           ("none", None)])
+def test_cached_plan_equals_fresh_plan(policy, budget, monkeypatch) -> None:
+    sym = _small()
+    fresh = prepare(sym, **SHAPES).plan(policy, budget)  # planned (or read) and kept
+    key = cache.plan_key(fresh.policy, fresh_budget(budget), fresh.source_json, fresh.inputs)
+    assert (cache.plans_dir() / f"{key}.json").exists()
+    name = fresh.policy
+
+    def refuse(a, b):
+        raise AssertionError("planned again although the plan was kept")
+
+    monkeypatch.setitem(STRATEGIES, name, refuse)
+    again = prepare(sym, **SHAPES).plan(policy, budget)
+    assert _fields(again) == _fields(fresh)
+    monkeypatch.undo()
+    # and the kept plan is the plan the strategy makes from scratch
+    monkeypatch.setattr(cache, "plans_dir", lambda: None)
+    scratch = prepare(sym, **SHAPES).plan(policy, budget)
+    assert _fields(scratch) == _fields(fresh)
+
+
+def fresh_budget(budget):
+    from mxmirror.planners import parse_budget
+
+    return parse_budget(budget)
+
+
+def test_corrupt_file_warns_once_and_plans_again() -> None:
+    sym = _small()
+    p = prepare(sym, **SHAPES).plan("sqrt")
+    file = cache.plans_dir() / f"{cache.plan_key('sqrt', None, p.source_json, p.inputs)}.json"
+    file.write_text('{"schema": 1, "mirror": [1, 2')  # cut short
+    with pytest.warns(UserWarning, match="unreadable plan cache file") as caught:
+        again = prepare(sym, **SHAPES).plan("sqrt")
+    assert len([w for w in caught if "plan cache" in str(w.message)]) == 1
+    assert _fields(again) == _fields(p)
+    json.loads(file.read_text())  # rewritten whole
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prepare(sym, **SHAPES).plan("sqrt")
+
+
+def test_off_writes_nothing(tmp_path, monkeypatch) -> None:
+    folder = cache.plans_dir()
+    before = sorted(folder.iterdir()) if folder.exists() else []
+    monkeypatch.setenv("MXMIRROR_CACHE", "off")
+    assert learn.cache_path() is None and cache.plans_dir() is None
+    p = prepare(_small(), **SHAPES).plan("cheap")
+    assert cache.plan_key("cheap", None, p.source_json, p.inputs) is None
+    assert (sorted(folder.iterdir()) if folder.exists() else []) == before
+    # the template store neither reads nor writes
+    monkeypatch.setenv("MXMIRROR_CACHE", "OFF")
+    off = learn.TemplateStore("x", None)
+    off.put_many({})
+    assert off.file is None and off.data == {}
+    monkeypatch.setenv("MXMIRROR_CACHE", str(tmp_path))
+    assert learn.TemplateStore("x", None).file.parent == tmp_path
+
+
+WRITER = """
+import sys
+from pathlib import Path
+from mxmirror import learn
+f, tag = Path(sys.argv[1]), sys.argv[2]
+for i in range(150):
+    learn.write_atomic(f, '{"tag": "%s", "i": %d, "pad": "%s"}' % (tag, i, tag * 200000))
+"""
+
+
+def test_two_processes_writing_at_once_leave_a_valid_file(tmp_path) -> None:
+    f = tmp_path / "plans" / "same.json"
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(f), tag]) for tag in "ab"]
+    seen = 0
+    while any(p.poll() is None for p in procs):
+        if f.exists():
+            json.loads(f.read_text())  # never half a file
+            seen += 1
+    assert [p.wait() for p in procs] == [0, 0]
+    rec = json.loads(f.read_text())
+    assert rec["i"] == 149 and rec["tag"] in "ab"
+    assert [x.name for x in f.parent.iterdir()] == ["same.json"]  # no temporary left
