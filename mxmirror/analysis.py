@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
 from . import memory, ops, training_graph
+from .compiled import CompiledTraining, Unsupported
 from .graph import Entry, Graph, Node
 
 
@@ -43,6 +45,8 @@ class Analysis:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self._scores: dict[frozenset[int], Score] = {}
+        self._at_least: dict[frozenset[int], int] = {}  # planned bytes known to be >= this
+        self.on_score: Callable[[], object] | None = None  # called per simulation (progress)
 
     @property
     def order(self) -> list[Node]:
@@ -176,6 +180,15 @@ class Analysis:
     def losses(self) -> frozenset[int]:
         return frozenset(n.id for n in self.order if n.op in ops.LOSSES)
 
+    @cached_property
+    def compiled(self) -> CompiledTraining | None:
+        """Every mirror set's training graph, built once (None: a graph it does not model;
+        scores then build each training graph)."""
+        try:
+            return CompiledTraining(self.graph)
+        except Unsupported:
+            return None
+
     @property
     def baseline(self) -> Score:
         """No recomputation: MXNet's default in-place + sharing."""
@@ -186,17 +199,38 @@ class Analysis:
 
         Unread copies of ops that must write are dropped first (see drop_unread).
         """
+        found = self.score_below(mirror, None)
+        assert found is not None
+        return found
+
+    def score_below(self, mirror: set[int] | frozenset[int], bound: int | None) -> Score | None:
+        """``score(mirror)`` if its planned bytes are below `bound`, else None: the simulation
+        stops once its blocks reach `bound` (most moves a search tries are rejected)."""
         key = frozenset(mirror)
         found = self._scores.get(key)
-        if found is None:
+        if found is not None:
+            return found if bound is None or found.planned_bytes < bound else None
+        if bound is not None and bound <= self._at_least.get(key, -1):
+            return None
+        if self.on_score is not None:
+            self.on_score()
+        kept = self.drop_unread(key)
+        if self.compiled is not None:
+            fg, copies = self.compiled.flat(kept)
+            sim = memory.simulate_flat(fg, stop_at=bound)
+            if sim is None:
+                self._at_least[key] = bound
+                return None
+            planned = sim.total_bytes
+            extra = sum(self.graph.nodes[g].flops for g in copies)
+        else:
             with _gc_paused():
-                kept = self.drop_unread(key)
                 tg = training_graph.build(self.graph, kept)
                 planned = memory.simulate(tg).total_bytes
-            total = self.graph.forward_flops or 1.0
             extra = sum(self.graph.nodes[t.fwd].flops for t in tg.nodes if t.role == "mirror")
-            found = self._scores[key] = Score(planned, extra / total, frozenset(kept))
-        return found
+        found = self._scores[key] = Score(planned, extra / (self.forward_flops or 1.0),
+                                          frozenset(kept))
+        return found if bound is None or planned < bound else None
 
     def drop_unread(self, mirror: frozenset[int]) -> set[int]:
         """The mirror set without copies that would crash: unread copies of ops that must write.
@@ -215,18 +249,33 @@ class Analysis:
         kept = set(mirror)
         present: set[int] = set()
         consumers = self.graph.consumers
+        facts = self._copy_facts
         for v in reversed(self.order):
             if v.id not in kept:
                 continue
-            tpl = v.template
-            nodes = tpl.nodes if tpl is not None else []
-            read = (any(r[0] == "out" for tn in nodes for r in tn.inputs)
-                    or any(c in present for c in consumers.get(v.id, ())))
-            if v.op == "Dropout" or (not read and v.op in ops.MUST_WRITE):
+            reads_out, controls, never = facts[v.id]
+            read = reads_out or any(c in present for c in consumers.get(v.id, ()))
+            if v.op == "Dropout" or (not read and never):
                 kept.discard(v.id)
-            elif read or any(tn.control_fwd for tn in nodes):
+            elif read or controls:
                 present.add(v.id)
         return kept
+
+    @cached_property
+    def _copy_facts(self) -> dict[int, tuple[bool, bool, bool]]:
+        """Per op node: its backward reads its outputs, its backward has a control dependency
+        on it, it must write (drop_unread's static facts)."""
+        out = {}
+        for v in self.order:
+            tpl = v.template
+            nodes = tpl.nodes if tpl is not None else []
+            out[v.id] = (any(r[0] == "out" for tn in nodes for r in tn.inputs),
+                         any(tn.control_fwd for tn in nodes), v.op in ops.MUST_WRITE)
+        return out
+
+    @cached_property
+    def forward_flops(self) -> float:
+        return self.graph.forward_flops
 
     def checkpoint_names(self, chosen: list[Cut]) -> list[str]:
         """Names of the nodes the chosen cuts keep, in cut order (a Plan's checkpoints)."""

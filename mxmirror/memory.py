@@ -37,119 +37,173 @@ class SimResult:
         return self.total_bytes / 2**20
 
 
-class _Allocator:
-    """MXGraphAllocator: a free list ordered by block size, searched within a range."""
+SEQ_BITS = 40  # free-list keys: block bytes above, release sequence number below
+SEQ_MASK = (1 << SEQ_BITS) - 1
 
-    def __init__(self, match_range: int) -> None:
-        self.match_range = match_range
-        self.free: list[tuple[int, int, int]] = []  # (bytes, insertion seq, storage id)
-        self.seq = 0
-        self.blocks: list[int] = []
 
-    def request(self, size: int) -> int:
-        if self.match_range == 0:
-            return self._alloc(size)
-        keys = self.free
-        lo = bisect.bisect_left(keys, (size // self.match_range, -1, -1))
-        mid = bisect.bisect_left(keys, (size, -1, -1))
-        hi = bisect.bisect_right(keys, (size * self.match_range, float("inf"), 0))
-        if mid < hi:  # smallest block at least as large
-            _, _, sid = keys.pop(mid)
-        elif mid > lo:  # else the largest smaller block, grown
-            _, _, sid = keys.pop(mid - 1)
-        else:
-            return self._alloc(size)
-        self.blocks[sid] = max(self.blocks[sid], size)
-        return sid
+@dataclass
+class FlatGraph:
+    """A training graph as the planner sees it: integer entries, nodes in execution order.
 
-    def release(self, sid: int) -> None:
-        self.seq += 1
-        bisect.insort(self.free, (self.blocks[sid], self.seq, sid))
+    Nodes are numbered freely (``order`` lists the ones that run); node i's outputs are the
+    entries ``base[i] .. base[i] + len(sizes[i]) - 1``, and ``ins[i]`` lists the entries it
+    reads. ``training_graph.build`` graphs and ``compiled.CompiledTraining`` both come here.
+    """
 
-    def _alloc(self, size: int) -> int:
-        self.blocks.append(size)
-        return len(self.blocks) - 1
+    order: list[int]
+    facts: list[ops.MemoryFacts | None]  # per node (None: a variable)
+    sizes: list[list[int]]  # elements per output, per node
+    ins: list[list[int]]  # input entries, per node
+    base: list[int]  # first output entry, per node
+    esize: list[int]  # elements per entry
+    outputs: list[int]  # graph output entries: forward heads, then argument gradients
+    num_forward_outputs: int
+    out_order: list[tuple[int, ...]]  # per node: outputs in allocation order
+
+
+def allocation_order(sizes: list[int]) -> tuple[int, ...]:
+    """Outputs are allocated largest first (equal sizes: last output first)."""
+    if len(sizes) == 1:
+        return (0,)
+    return tuple(sorted(range(len(sizes)), key=lambda k: (sizes[k], k), reverse=True))
+
+
+def flatten(tg: TrainingGraph) -> FlatGraph:
+    """The FlatGraph of a built training graph (its nodes are already in MXNet's order)."""
+    nodes = tg.nodes
+    esize = [0] * tg.num_entries
+    for n in nodes:
+        esize[n.eid:n.eid + len(n.sizes)] = n.sizes
+    return FlatGraph(
+        list(range(len(nodes))),
+        [None if n.op is None else ops.memory_facts(n.op, len(n.inputs)) for n in nodes],
+        [n.sizes for n in nodes], [[src.eid + k for src, k in n.inputs] for n in nodes],
+        [n.eid for n in nodes], esize, [tg.entry(e) for e in tg.outputs],
+        tg.num_forward_outputs, [allocation_order(n.sizes) for n in nodes])
 
 
 def simulate(tg: TrainingGraph, strategy: str = "sharing", match_range: int = 16,
              timeline: bool = False) -> SimResult:
     """Run the planner over the training graph and return MXNet's figure."""
+    return simulate_flat(flatten(tg), strategy, match_range, timeline)
+
+
+def simulate_flat(fg: FlatGraph, strategy: str = "sharing", match_range: int = 16,
+                  timeline: bool = False, stop_at: int | None = None) -> SimResult | None:
+    """MXPlanMemory over a FlatGraph (storage ids are indexed by its entries); None as soon
+    as the blocks allocated reach `stop_at` bytes (a search only needs to know "not less").
+
+    MXGraphAllocator inline (this loop scores every plan a search tries): a free list of
+    int keys ``bytes << SEQ_BITS | release seq``, sorted, searched within a factor of the
+    requested size: the smallest block at least as large, else the largest smaller one
+    (grown), else a new block.
+    """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose from {STRATEGIES}")
     inplace = strategy != "none"
-    alloc = _Allocator(match_range if strategy == "sharing" else 0)
-    n_entries = tg.num_entries
+    mr = match_range if strategy == "sharing" else 0
+    free: list[int] = []
+    sid_at = [0]  # release seq -> storage id
+    blocks: list[int] = []
+    bisect_left, insort = bisect.bisect_left, bisect.insort
+    n_entries = len(fg.esize)
     ref = [0] * n_entries
-    nodes = tg.nodes
-    facts = [None if n.op is None else ops.memory_facts(n.op, len(n.inputs)) for n in nodes]
-    for n, f in zip(nodes, facts):
-        if n.op is None:
+    facts, sizes, ins, bases, esize = fg.facts, fg.sizes, fg.ins, fg.base, fg.esize
+    out_order = fg.out_order
+    for i in fg.order:
+        f = facts[i]
+        if f is None:
             continue
         ignore = f.ignore_inputs
-        for i, (src, k) in enumerate(n.inputs):
-            if i not in ignore:
-                ref[src.eid + k] += 1
-    for e in tg.outputs:
-        ref[tg.entry(e)] += 1
+        if ignore:
+            for j, e in enumerate(ins[i]):
+                if j not in ignore:
+                    ref[e] += 1
+        else:
+            for e in ins[i]:
+                ref[e] += 1
+    for e in fg.outputs:
+        ref[e] += 1
     storage = [BAD] * n_entries
-    for e in tg.outputs[tg.num_forward_outputs:]:
-        storage[tg.entry(e)] = EXTERNAL
-    sref = [0] * (n_entries + 1)
-    live = 0
+    for e in fg.outputs[fg.num_forward_outputs:]:
+        storage[e] = EXTERNAL
+    sref = [0] * (n_entries + 1)  # one block per entry at most
     live_line: list[int] = []
     block_live: dict[int, int] = {}
-    for n, f in zip(nodes, facts):
-        if n.op is None:
+    live = total = 0
+    stop = stop_at if stop_at is not None else -1
+    for i in fg.order:
+        f = facts[i]
+        if f is None:
             if timeline:
-                live_line.append(live)
+                live_line.append(0)  # variables: nothing planned here
             continue
-        base = n.eid
+        base = bases[i]
+        out_sizes = sizes[i]
+        inputs = ins[i]
         if inplace and f.inplace:
-            taken = [False] * len(n.inputs)
-            ignore_all = len(f.ignore_inputs) == len(n.inputs) and len(n.inputs) > 0
+            n_in = len(inputs)
+            taken = [False] * n_in
+            ignore_all = len(f.ignore_inputs) == n_in and n_in > 0
             for (i_in, i_out), identity in zip(f.inplace, f.identity):
-                if i_in >= len(n.inputs) or i_out >= len(n.sizes):
+                if i_in >= n_in or i_out >= len(out_sizes):
                     continue
                 eo = base + i_out
-                src, k = n.inputs[i_in]
-                ei = src.eid + k
+                ei = inputs[i_in]
                 sid_in = storage[ei]
-                same = n.sizes[i_out] == src.sizes[k]
+                same = out_sizes[i_out] == esize[ei]
                 if (not taken[i_in] and storage[eo] == BAD and sid_in >= 0
                         and ((sref[sid_in] == 1 and not ignore_all) or (identity and same))
                         and ref[eo] > 0 and same):
                     taken[i_in] = True
                     storage[eo] = sid_in
                     sref[sid_in] += ref[eo]
-        # allocate the rest, largest first (equal sizes: last output first)
-        order = sorted(range(len(n.sizes)), key=lambda i: (n.sizes[i], i), reverse=True)
-        for i in order:
-            eo = base + i
+        for k in out_order[i]:  # allocate the rest
+            eo = base + k
             if storage[eo] != BAD:
                 continue
-            sid = alloc.request(n.sizes[i] * ELEMENT_BYTES)
+            size = out_sizes[k] * ELEMENT_BYTES
+            sid = -1
+            if mr:
+                mid = bisect_left(free, size << SEQ_BITS)
+                if mid < len(free) and free[mid] >> SEQ_BITS <= size * mr:
+                    sid = sid_at[free.pop(mid) & SEQ_MASK]
+                elif mid and free[mid - 1] >> SEQ_BITS >= size // mr:
+                    sid = sid_at[free.pop(mid - 1) & SEQ_MASK]
+            if sid < 0:
+                sid = len(blocks)
+                blocks.append(size)
+                total += size
+            elif size > blocks[sid]:
+                total += size - blocks[sid]
+                blocks[sid] = size
+            if total >= stop >= 0:
+                return None
             storage[eo] = sid
-            if sid >= len(sref) - 1:
-                sref.extend([0] * (sid - len(sref) + 2))
             sref[sid] = ref[eo]
             if timeline:
-                block_live[sid] = alloc.blocks[sid]
-        for i, (src, k) in enumerate(n.inputs):
-            if i in f.ignore_inputs:
+                block_live[sid] = blocks[sid]
+                live += blocks[sid]
+        ignore = f.ignore_inputs
+        for j, e in enumerate(inputs):
+            if ignore and j in ignore:
                 continue
-            sid = storage[src.eid + k]
+            sid = storage[e]
             if sid < 0:
                 continue
             sref[sid] -= 1
             if sref[sid] == 0:
-                alloc.release(sid)
-                block_live.pop(sid, None)
-        for i in range(len(n.sizes)):
-            sid = storage[base + i]
+                sid_at.append(sid)
+                insort(free, (blocks[sid] << SEQ_BITS) | (len(sid_at) - 1))
+                if timeline:
+                    live -= block_live.pop(sid, 0)
+        for k in range(len(out_sizes)):
+            sid = storage[base + k]
             if sid >= 0 and sref[sid] == 0:
-                alloc.release(sid)
-                block_live.pop(sid, None)
+                sid_at.append(sid)
+                insort(free, (blocks[sid] << SEQ_BITS) | (len(sid_at) - 1))
+                if timeline:
+                    live -= block_live.pop(sid, 0)
         if timeline:
-            live_line.append(sum(block_live.values()))
-    total = sum(alloc.blocks)
-    return SimResult(total, storage, alloc.blocks, live_line)
+            live_line.append(live)
+    return SimResult(sum(blocks), storage, blocks, live_line)

@@ -1,10 +1,14 @@
 #!/usr/bin/env python
 """Every policy's plan on the reference networks: predicted MB, recompute ratio, plan time.
 
-Simulator only (no bind), so it runs in minutes; ``optimal`` dominates. Inputs given
-shapes get no gradient (Module's convention). ``budget`` is given 1.25x the sqrt plan's
-predicted bytes, ``multilevel`` 0.75x. ``--json FILE`` keeps the rows so that two commits
-can be compared exactly (``--compare OLD.json``): the refactoring check of issue 12.
+Simulator only (no bind), so it runs in minutes. Inputs given shapes get no gradient
+(Module's convention). ``budget`` is given 1.25x the sqrt plan's predicted bytes,
+``multilevel`` 0.75x. Times: "cold" plans with an empty plan cache (a folder of this run;
+learned templates still come from the user's cache), "warm" plans the same again in a new
+``prepare`` (the plan read from the cache); "total" adds reading the symbol and analysing
+its graph (``prepare``), which every bind pays. ``--json FILE`` keeps the rows so that two
+commits can be compared exactly (``--compare OLD.json``). The machine's load average is
+printed: timings on a shared machine are noisy.
 
 Usage::
 
@@ -15,8 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,6 +64,15 @@ def networks() -> dict:
     }
 
 
+def timed_plan(sym, policy: str, budget, shapes: dict):
+    """(plan, seconds of mxmirror.plan: prepare + plan)."""
+    import mxmirror
+
+    start = time.perf_counter()
+    p = mxmirror.plan(sym, policy=policy, budget=budget, **shapes)
+    return p, time.perf_counter() - start
+
+
 def rows_for(name: str, factory, shapes: dict, policies) -> list[dict]:
     import mxmirror
 
@@ -69,36 +85,46 @@ def rows_for(name: str, factory, shapes: dict, policies) -> list[dict]:
             if sqrt_bytes is None:
                 sqrt_bytes = mxmirror.plan(sym, policy="sqrt", **shapes).planned_bytes
             budget = int(sqrt_bytes * (1.25 if policy == "budget" else 0.75))
-        start = time.perf_counter()
         try:
-            p = mxmirror.plan(sym, policy=policy, budget=budget, **shapes)
+            p, seconds = timed_plan(sym, policy, budget, shapes)
         except mxmirror.PlanError as exc:
             rows.append({"network": name, "policy": policy, "error": str(exc)})
             continue
-        seconds = time.perf_counter() - start
+        warm, warm_seconds = timed_plan(sym, policy, budget, shapes)
+        if (warm.planned_bytes, warm.recomputed_ids) != (p.planned_bytes, p.recomputed_ids):
+            raise SystemExit(f"{name} {policy}: the cached plan differs from the fresh one")
         if policy == "sqrt":
             sqrt_bytes = p.planned_bytes
         rows.append({"network": name, "policy": policy, "budget": budget,
                      "planned_bytes": p.planned_bytes, "baseline_bytes": p.baseline_bytes,
-                     "recompute_ratio": p.recompute_ratio, "seconds": round(seconds, 2)})
+                     "recompute_ratio": p.recompute_ratio, "seconds": round(seconds, 2),
+                     "plan_seconds": round(p.plan_seconds, 2),
+                     "warm_seconds": round(warm_seconds, 2),
+                     "warm_plan_seconds": round(warm.plan_seconds, 3)})
         print(f"  {name:<18} {policy:<10} {p.planned_bytes / 2**20:>9.1f} MB "
-              f"{p.recompute_ratio:>6.3f} {seconds:>7.1f} s", file=sys.stderr, flush=True)
+              f"{p.recompute_ratio:>6.3f} cold {p.plan_seconds:>6.1f} s "
+              f"(total {seconds:>6.1f} s) warm {warm.plan_seconds:>6.3f} s "
+              f"(total {warm_seconds:>6.1f} s)", file=sys.stderr, flush=True)
     return rows
 
 
 def table(rows: list[dict], old: dict | None) -> str:
-    head = "| network | policy | planned MB | recompute | plan s |"
-    sep = "|---|---|---:|---:|---:|"
+    head = ("| network | policy | planned MB | recompute | plan s cold | total s cold "
+            "| plan s warm | total s warm |")
+    sep = "|---|---|---:|---:|---:|---:|---:|---:|"
     if old is not None:
-        head += " before MB | before recompute | before s | same |"
+        head += " before MB | before recompute | before total s | same |"
         sep += "---:|---:|---:|---|"
     lines = [head, sep]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['network']} | {r['policy']} | error: {r['error'][:60]} | | |")
+            lines.append(f"| {r['network']} | {r['policy']} | error: {r['error'][:60]} "
+                         f"| | | | | |")
             continue
         line = (f"| {r['network']} | {r['policy']} | {r['planned_bytes'] / 2**20:.1f} | "
-                f"{r['recompute_ratio']:.4f} | {r['seconds']:.1f} |")
+                f"{r['recompute_ratio']:.4f} | {r.get('plan_seconds', float('nan')):.1f} | "
+                f"{r['seconds']:.1f} | {r.get('warm_plan_seconds', float('nan')):.3f} | "
+                f"{r.get('warm_seconds', float('nan')):.1f} |")
         if old is not None:
             o = old.get((r["network"], r["policy"]))
             if o is None or "error" in o:
@@ -119,6 +145,11 @@ def main() -> None:
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--compare", help="rows of an earlier run, shown beside")
     args = ap.parse_args()
+    from mxmirror.planners import cache
+
+    plans = Path(tempfile.mkdtemp(prefix="mxmirror-plans-"))
+    cache.plans_dir = lambda: plans  # cold: an empty plan cache of this run only
+    load_before = os.getloadavg()
     nets = networks()
     names = args.only.split(",") if args.only else list(nets)
     rows = []
@@ -130,11 +161,16 @@ def main() -> None:
         old = {(r["network"], r["policy"]): r for r in json.loads(Path(args.compare).read_text())}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
+    load_after = os.getloadavg()
     print(f"Plans by policy (simulator), commit {commit}: "
-          f"`python scripts/plan_table.py {' '.join(sys.argv[1:])}`\n")
+          f"`python scripts/plan_table.py {' '.join(sys.argv[1:])}`\n\n"
+          f"Machine: {os.cpu_count()} cores, load average (1, 5, 15 min) "
+          f"{' '.join(f'{x:.1f}' for x in load_before)} at the start, "
+          f"{' '.join(f'{x:.1f}' for x in load_after)} at the end.\n")
     print(table(rows, old))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+    shutil.rmtree(plans, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -142,9 +142,9 @@ def test_the_taper_search_improves_a_flat_plan_and_mxnet_allocates_its_predictio
     prep = prepare(sym, **shapes)
     a = prep.analysis
 
-    def evaluate(chosen):
+    def evaluate(chosen, below=None):
         mirror = segment_mirror(a, chosen)
-        return a.score(mirror), mirror
+        return a.score_below(mirror, below), mirror
 
     start = greedy_cuts(a, 6 * max(c.bytes for c in a.cuts))
     flat, mirror = evaluate(start)

@@ -220,3 +220,25 @@ def test_planned_gradients_equal_unplanned(net) -> None:
             np.testing.assert_allclose(got_aux[name], base_aux[name], rtol=1e-5, atol=1e-7,
                                        err_msg=f"{policy}: aux {name}")
     _count("test_planned_gradients_equal_unplanned")
+
+
+@settings(max_examples=20, **SETTINGS)
+@given(networks(), st.lists(st.floats(0, 1), min_size=3, max_size=3), st.randoms())
+def test_compiled_scores_equal_built(net, rates, rnd) -> None:
+    """Analysis.score (compiled training graph) equals building and simulating each set."""
+    from mxmirror import memory, training_graph
+
+    recipe, heads = net
+    sym = build(recipe, heads, hidden=16)
+    a = api.prepare(sym, **shapes_for(sym, 8, 16)).analysis
+    assert a.compiled is not None
+    for rate in rates:
+        mirror = frozenset(n.id for n in a.order if rnd.random() < rate)
+        kept = a.drop_unread(mirror)
+        tg = training_graph.build(a.graph, kept)
+        assert a.score(mirror).planned_bytes == memory.simulate(tg).total_bytes
+        fg, copies = a.compiled.flat(kept)
+        assert sorted(copies) == sorted(t.fwd for t in tg.nodes if t.role == "mirror")
+        assert memory.simulate_flat(fg, timeline=True).timeline == \
+            memory.simulate(tg, timeline=True).timeline
+    _count("test_compiled_scores_equal_built")

@@ -16,6 +16,7 @@ from typing import Any
 from ..analysis import Analysis
 from ..errors import PlanError
 from ..plan import BindInputs, MirrorExecution, Plan, SegmentedExecution
+from ..progress import scoring_bar
 from . import auto, budget, cache, cheap, front, multilevel, none, recursive, search, sqrt
 from .common import Choice
 
@@ -119,12 +120,13 @@ def _choose(analysis: Analysis, name: str, budget_bytes: int | None, never_worse
             ) -> tuple[Choice, int, list[str]]:
     """The strategy's choice kept from being worse than no plan (and, with `never_worse`,
     segmented only below the best one-recompute plan), the baseline bytes and the notes."""
-    choice = STRATEGIES[name](analysis, budget_bytes)
-    base = analysis.baseline
-    notes = list(choice.notes)
-    if never_worse and choice.segments is not None and name not in FROM_FRONT:
-        choice, why = _segmented_or_one_recompute(analysis, choice, budget_bytes)
-        notes += [why] if why else []
+    with scoring_bar(analysis, f"mxmirror: planning ({name})"):
+        choice = STRATEGIES[name](analysis, budget_bytes)
+        base = analysis.baseline
+        notes = list(choice.notes)
+        if never_worse and choice.segments is not None and name not in FROM_FRONT:
+            choice, why = _segmented_or_one_recompute(analysis, choice, budget_bytes)
+            notes += [why] if why else []
     recomputes = bool(choice.score.mirror)
     if choice.segments is not None and not recomputes:
         notes.append("nothing is recomputed: the graph is left as it is")

@@ -114,19 +114,20 @@ def choose(a: Analysis, budget_bytes: int | None = None) -> Choice:
     grid = candidates(a, steps=17, spread=8.0)
     flag = not grid or bool(a.losses & grid[0].mirror) or not a.losses
 
-    def evaluate(chosen):
+    def evaluate(chosen, below=None):
+        """(score, mirror set) of a list of cuts; score None: not below `below` bytes."""
         mirror = segment_mirror(a, chosen, mirror_losses=flag)
-        return a.score(mirror), mirror
+        return a.score_below(mirror, below), mirror
 
     best = None
     best_b = None
     for c in grid:
-        s, mirror = evaluate(c.cuts)
-        if best is None or s.planned_bytes < best[0].planned_bytes:
+        s, mirror = evaluate(c.cuts, best and best[0].planned_bytes)
+        if s is not None:
             best, best_b = (s, mirror, c.cuts), c.budget
     for _, _, chosen in pts:
-        s, mirror = evaluate(chosen)
-        if best is None or s.planned_bytes < best[0].planned_bytes:
+        s, mirror = evaluate(chosen, best and best[0].planned_bytes)
+        if s is not None:
             best = (s, mirror, chosen)
     if best is None or best[0].planned_bytes >= a.baseline.planned_bytes:
         return Choice(a.baseline)
@@ -141,8 +142,8 @@ def choose(a: Analysis, budget_bytes: int | None = None) -> Choice:
                     trial = list(budgets)
                     trial[r] = budgets[r] * f
                     chosen = greedy_by_region(a, region, trial)
-                    s, mirror = evaluate(chosen)
-                    if s.planned_bytes < best[0].planned_bytes:
+                    s, mirror = evaluate(chosen, best[0].planned_bytes)
+                    if s is not None:
                         best, budgets = (s, mirror, chosen), trial
     best = _local_search(evaluate, a.cuts, *best)
     best = _peak_search(a, evaluate, *best)
@@ -156,7 +157,7 @@ def _local_search(evaluate, cuts, best, mirror, chosen):
     The cuts are visited round robin (an accepted move does not restart the scan), so a
     bounded number of steps reaches every part of the chain; a pass with no improvement ends
     it. "Add" puts a cut a quarter, half or three quarters of the way from the kept cut before.
-    `evaluate` scores a list of cuts (memoized by the Analysis).
+    `evaluate` scores a list of cuts (memoized by the Analysis; None: not below the bound).
     """
     by_pos = cuts  # sorted by position
     index = {c.pos: i for i, c in enumerate(by_pos)}
@@ -175,9 +176,9 @@ def _local_search(evaluate, cuts, best, mirror, chosen):
                     options.append(chosen[:j] + [by_pos[mid]] + chosen[j:])
         accepted = False
         for opt in options:
-            s, m = evaluate(opt)
+            s, m = evaluate(opt, best.planned_bytes)
             steps += 1
-            if s.planned_bytes < best.planned_bytes:
+            if s is not None:
                 best, mirror, chosen, accepted = s, m, opt, True
                 break
             if steps >= MAX_LOCAL_STEPS:
@@ -194,12 +195,18 @@ def _peak_position(a: Analysis, mirror: frozenset[int]) -> int | None:
     """Forward position of the last node recomputed before the simulated peak of live bytes:
     the segment whose recomputation sets the peak."""
     pos = a.pos
-    tg = training_graph.build(a.graph, set(mirror))
-    line = memory.simulate(tg, timeline=True).timeline
+    if a.compiled is not None:
+        fg, _ = a.compiled.flat(mirror)
+        copies = [a.compiled.copy_of.get(i) for i in fg.order]  # graph id of each copy
+        line = memory.simulate_flat(fg, timeline=True).timeline
+    else:
+        tg = training_graph.build(a.graph, set(mirror))
+        copies = [t.fwd if t.role == "mirror" else None for t in tg.nodes]
+        line = memory.simulate(tg, timeline=True).timeline
     p = max(range(len(line)), key=line.__getitem__)
-    for t in reversed(tg.nodes[:p + 1]):
-        if t.role == "mirror" and t.fwd in pos:
-            return pos[t.fwd]
+    for g in reversed(copies[:p + 1]):
+        if g is not None and g in pos:
+            return pos[g]
     return None
 
 
@@ -231,9 +238,9 @@ def _peak_search(a: Analysis, evaluate, best, mirror, chosen):
             options.append(chosen[:k + 1] + [inside[-1]] + chosen[k + 2:])
         found = None
         for opt in options:
-            s, m = evaluate(opt)
+            s, m = evaluate(opt, (found or best).planned_bytes)
             steps += 1
-            if s.planned_bytes < (found or best).planned_bytes:
+            if s is not None:
                 found, fm, fc = s, m, opt
         if found is None:
             break
@@ -273,7 +280,7 @@ def _taper_search(evaluate, cuts, best, mirror, chosen):
         return best, mirror, chosen
     fixed = [i for i in taken if region[i] not in gaps]
 
-    def run(ls):
+    def run(ls, below=None):
         sel = list(fixed)
         for r, pieces in ls.items():
             idx, u = groups[r], start[r]
@@ -281,7 +288,7 @@ def _taper_search(evaluate, cuts, best, mirror, chosen):
                 sel.append(idx[u])
                 u += pieces[min(PIECES - 1, u * PIECES // len(idx))]
         opt = [by_pos[i] for i in sorted(sel)]
-        return (*evaluate(opt), opt)
+        return (*evaluate(opt, below), opt)
 
     found = (best, mirror, chosen)
     for taper in TAPERS:
@@ -297,8 +304,8 @@ def _taper_search(evaluate, cuts, best, mirror, chosen):
                         trial[r][k] += d
                         if trial[r][k] < 1:
                             continue
-                        got = run(trial)
-                        if got[0].planned_bytes < cur[0].planned_bytes:
+                        got = run(trial, cur[0].planned_bytes)
+                        if got[0] is not None:
                             cur, lengths, moved = got, trial, True
             if not moved:
                 break

@@ -1,0 +1,270 @@
+"""The training graph of every mirror set at once: built once per forward graph, then
+resolved and simulated for each mirror set a planner scores, without building objects.
+
+``training_graph.build`` makes a fresh graph of objects per mirror set; searches score
+hundreds of sets on graphs of 10^4 nodes. But a mirror set changes little: which copy
+(original or mirror) a backward node or a mirror copy reads, and which copies exist. So
+every node that may exist is made once here, as integers: the forward nodes, one
+potential copy per mirrorable node, the backward nodes, gradient sums and copies; a read
+that depends on the mirror set is a *switch* (this original, or its copy when mirrored).
+MXNet's execution order (a post-order DFS from the outputs) visits the nodes that do not
+depend on the mirror set in the same order whatever the set, since copies read only
+copies and originals: the DFS is run once, recording where it meets a switch, and each
+mirror set only inserts the copies it reaches at those points. The result is the same
+order, the same reads and, through ``memory.simulate_flat``, the same figure as
+``memory.simulate(training_graph.build(graph, mirror))`` (tests/test_compiled.py).
+"""
+
+from __future__ import annotations
+
+from . import memory, ops
+from .graph import PARAM, Graph
+from .training_graph import INPLACE_SUM_CAP, ZERO_OPS
+
+
+class Unsupported(Exception):
+    """A graph this compiler does not model; callers build the training graph instead."""
+
+
+class CompiledTraining:
+    """Integer training graph with switches; ``flat(mirror)`` resolves one mirror set."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        topo = graph.forward_order
+        self.op: list[str | None] = []
+        self.sizes: list[list[int]] = []
+        self.ins: list[list] = []  # entries: (node, k), or a switch index
+        self.cdeps: list[list[int]] = []  # nodes, or ~switch index
+        self.switches: list[tuple[int, int, int]] = []  # (cond node or -1, fwd node, k)
+        self.fwd: dict[int, int] = {}  # graph node id -> compiled node
+        self.copy: dict[int, int] = {}  # graph node id -> compiled mirror copy
+        self.copy_of: dict[int, int] = {}  # compiled mirror copy -> graph node id
+        fwd, copy = self.fwd, self.copy
+        for n in topo:
+            if n.is_variable:
+                fwd[n.id] = self._node(None, n.element_counts, [])
+            else:
+                fwd[n.id] = self._node(n.op, n.element_counts,
+                                       [(fwd[s], k) for s, k in n.inputs])
+        self.fwd_of = {c: g for g, c in fwd.items()}
+        outputs = [(fwd[h[0]], h[1]) for h in graph.heads]
+        xs = [n for n in graph.nodes if n.kind == PARAM and n.id in fwd]
+        if not xs:
+            raise Unsupported("nothing gets a gradient")
+        grads: dict[int, list[list]] = {n.id: [[] for _ in n.shapes] for n in topo}
+        for t, k in outputs:
+            size = self.sizes[t][k]
+            var = self._node(None, [size], [])
+            hint = self._node("_identity_with_attr_like_rhs", [size], [(var, 0), (t, k)])
+            grads[self._graph_id(t)][k] = [(hint, 0)]
+        self.mirrorable = set()
+        for n in topo:
+            if not n.is_variable and n.op != "Dropout":
+                c = self._node(n.op, n.element_counts,
+                               [self._switch(-1, s, k) for s, k in n.inputs])
+                copy[n.id] = c
+                self.copy_of[c] = n.id
+                self.mirrorable.add(n.id)
+        for n in reversed(topo):
+            if n.is_variable:
+                continue
+            agg = [self._aggregate(g, size) for g, size in zip(grads[n.id], n.element_counts)]
+            if not n.inputs:
+                continue
+            tpl = n.template
+            if tpl is None:
+                raise Unsupported(f"no backward template for {n.name}")
+            made: list[int] = []
+
+            def ref(r, n=n, made=made, agg=agg):
+                kind = r[0]
+                if kind == "ograd":
+                    return agg[r[1]]
+                if kind == "in":
+                    s, k = n.inputs[r[1]]
+                    return self._switch(n.id, s, k)
+                if kind == "out":
+                    return self._switch(-1, n.id, r[1])
+                return (made[r[1]], r[2])
+
+            sizes = n.backward_sizes
+            for t, tn in enumerate(tpl.nodes):
+                b = self._node(tn.op, sizes[t], [ref(r) for r in tn.inputs])
+                if tn.control_fwd:
+                    self.cdeps[b].append(~self._switch(-1, n.id, 0))
+                self.cdeps[b].extend(made[c] for c in tn.control_nodes)
+                made.append(b)
+            for (src, k), r in zip(n.inputs, tpl.input_grads):
+                if r is not None:
+                    if r[0] in ("in", "out"):
+                        raise Unsupported(f"{n.op}: an input gradient that is a forward value")
+                    grads[src][k].append(ref(r))
+        seen: set[tuple[int, int]] = set()
+        for x in xs:
+            g = self._aggregate(grads[x.id][0], self.sizes[fwd[x.id]][0])
+            if g in seen:
+                g = (self._node("_copy", [self.sizes[g[0]][g[1]]], [g]), 0)
+            seen.add(g)
+            outputs.append(g)
+        self.outputs = outputs
+        self.num_forward_outputs = len(graph.heads)
+        self._lay_out()
+
+    # ------------------------------------------------------------ building
+    def _node(self, op: str | None, sizes: list[int], ins: list) -> int:
+        self.op.append(op)
+        self.sizes.append(list(sizes))
+        self.ins.append(ins)
+        self.cdeps.append([])
+        return len(self.op) - 1
+
+    def _graph_id(self, node: int) -> int:
+        return self.fwd_of[node]
+
+    def _switch(self, cond: int, src: int, k: int) -> int:
+        """A read of `src`'s output k: its copy when `src` (and `cond`, if given) are
+        mirrored, else the original. Variables are never copied: a plain entry."""
+        if src not in self.copy and self.graph.nodes[src].is_variable:
+            return (self.fwd[src], k)
+        self.switches.append((cond, src, k))
+        return len(self.switches) - 1
+
+    def _aggregate(self, v: list, size: int) -> tuple[int, int]:
+        """MXNet's AggregateGradient, as training_graph._aggregate."""
+        if not v:
+            return (self._node("_zeros_without_dtype", [size], []), 0)
+        kept = [e for e in v if self.op[e[0]] not in ZERO_OPS]
+        if not kept:
+            kept = v[:1]
+        if len(kept) == 1:
+            return kept[0]
+        if len(kept) < INPLACE_SUM_CAP:
+            return (self._node("add_n", [size], list(kept)), 0)
+        ret = kept[0]
+        for i in range(1, len(kept)):
+            if kept[i - 1][0] != kept[i][0]:
+                self.cdeps[kept[i][0]].append(ret[0])
+            ret = (self._node("_grad_add", [size], [ret, kept[i]]), 0)
+        return (self._node("identity", [size], [ret]), 0)
+
+    def _lay_out(self) -> None:
+        """Entries, facts and the mirror-independent DFS with its switch events."""
+        n = len(self.op)
+        self.base, esize, eid = [0] * n, [], 0
+        for i in range(n):
+            self.base[i] = eid
+            esize.extend(self.sizes[i])
+            eid += len(self.sizes[i])
+        self.esize = esize
+        self.facts = [None if op is None else ops.memory_facts(op, len(self.ins[i]))
+                      for i, op in enumerate(self.op)]
+        self.out_order = [memory.allocation_order(sz) for sz in self.sizes]
+        # static input entries; nodes reading a switch are resolved per mirror set, their
+        # inputs written as entries (>= 0) or ~switch index
+        self.static_ins: list[list[int] | None] = []
+        self.switched: list[tuple[int, list[int]]] = []
+        for i, ins in enumerate(self.ins):
+            if i in self.copy_of:
+                self.static_ins.append(None)
+            elif all(isinstance(e, tuple) for e in ins):
+                self.static_ins.append([self.base[s] + k for s, k in ins])
+            else:
+                self.static_ins.append(None)
+                self.switched.append((i, [self.base[e[0]] + e[1] if isinstance(e, tuple)
+                                          else ~e for e in ins]))
+        # per switch: (cond node or -1, source node, entry of the original, of the copy)
+        self.switch_table = [(c, s, self.base[self.fwd[s]] + k,
+                              self.base[self.copy[s]] + k if s in self.copy else -1)
+                             for c, s, k in self.switches]
+        self.out_entries = [self.base[s] + k for s, k in self.outputs]
+        # the DFS: events are compiled nodes (>= 0) or switches met (~index)
+        events: list[int] = []
+        visited = bytearray(n)
+        fwd_nodes = set(self.fwd.values())
+        for head, _ in self.outputs[:self.num_forward_outputs]:
+            self._dfs(head, visited, events)
+        if any(not visited[c] for c in fwd_nodes):
+            raise Unsupported("a forward node the forward heads do not reach")
+        for head, _ in self.outputs[self.num_forward_outputs:]:
+            self._dfs(head, visited, events)
+        # runs of nodes, each followed by the switches met after it
+        self.runs: list[tuple[list[int], list[tuple[int, int]]]] = [([], [])]
+        for ev in events:
+            if ev >= 0:
+                if self.runs[-1][1]:
+                    self.runs.append(([], []))
+                self.runs[-1][0].append(ev)
+            else:
+                c, src, _ = self.switches[~ev]
+                self.runs[-1][1].append((c, src))
+
+    def _dfs(self, head: int, visited: bytearray, events: list[int]) -> None:
+        """Post-order DFS (inputs, then control dependencies) that does not enter switches:
+        it records them where it meets them (~index) and goes on."""
+        if visited[head]:
+            return
+        visited[head] = 1
+        stack = [(head, 0)]
+        while stack:
+            node, i = stack[-1]
+            children = [e[0] if isinstance(e, tuple) else ~e for e in self.ins[node]]
+            children += self.cdeps[node]
+            while i < len(children):
+                child = children[i]
+                i += 1
+                if child < 0:
+                    events.append(child)
+                    continue
+                if not visited[child]:
+                    visited[child] = 1
+                    stack[-1] = (node, i)
+                    stack.append((child, 0))
+                    break
+            else:
+                events.append(node)
+                stack.pop()
+
+    # ------------------------------------------------------------ per mirror set
+    def flat(self, mirror: set[int] | frozenset[int]) -> tuple[memory.FlatGraph, list[int]]:
+        """The FlatGraph MXNet plans for `mirror` (graph node ids), and the graph ids of the
+        copies it runs (in order)."""
+        mir = self.mirrorable.intersection(mirror)
+        copy, fwd, base = self.copy, self.fwd, self.base
+        nodes = self.graph.nodes
+        order: list[int] = []
+        made: list[int] = []
+        emitted: set[int] = set()
+        for run, met in self.runs:
+            order.extend(run)
+            for cond, src in met:
+                if src not in mir or src in emitted or (cond >= 0 and cond not in mir):
+                    continue
+                emitted.add(src)
+                stack = [(src, 0)]
+                while stack:  # the copy's own DFS: copies of its mirrored inputs first
+                    g, i = stack[-1]
+                    inputs = nodes[g].inputs
+                    while i < len(inputs):
+                        s = inputs[i][0]
+                        i += 1
+                        if s in mir and s not in emitted:
+                            emitted.add(s)
+                            stack[-1] = (g, i)
+                            stack.append((s, 0))
+                            break
+                    else:
+                        order.append(copy[g])
+                        made.append(g)
+                        stack.pop()
+        read = [ce if s in mir and (c < 0 or c in mir) else fe
+                for c, s, fe, ce in self.switch_table]  # the entry each switch reads
+        ins = list(self.static_ins)
+        for i, row in self.switched:
+            ins[i] = [e if e >= 0 else read[~e] for e in row]
+        for g in made:
+            ins[copy[g]] = [base[copy[s] if s in mir else fwd[s]] + k
+                            for s, k in nodes[g].inputs]
+        fg = memory.FlatGraph(order, self.facts, self.sizes, ins, base, self.esize,
+                              self.out_entries, self.num_forward_outputs, self.out_order)
+        return fg, made
