@@ -17,6 +17,9 @@ order, the same reads and, through ``memory.simulate_flat``, the same figure as
 
 from __future__ import annotations
 
+from collections import Counter
+from itertools import chain
+
 from . import memory, ops
 from .graph import PARAM, Graph
 from .training_graph import INPLACE_SUM_CAP, ZERO_OPS
@@ -160,24 +163,11 @@ class CompiledTraining:
         self.facts = [None if op is None else ops.memory_facts(op, len(self.ins[i]))
                       for i, op in enumerate(self.op)]
         self.out_order = [memory.allocation_order(sz) for sz in self.sizes]
-        # static input entries; nodes reading a switch are resolved per mirror set, their
-        # inputs written as entries (>= 0) or ~switch index
-        self.static_ins: list[list[int] | None] = []
-        self.switched: list[tuple[int, list[int]]] = []
-        for i, ins in enumerate(self.ins):
-            if i in self.copy_of:
-                self.static_ins.append(None)
-            elif all(isinstance(e, tuple) for e in ins):
-                self.static_ins.append([self.base[s] + k for s, k in ins])
-            else:
-                self.static_ins.append(None)
-                self.switched.append((i, [self.base[e[0]] + e[1] if isinstance(e, tuple)
-                                          else ~e for e in ins]))
+        self.out_entries = [self.base[s] + k for s, k in self.outputs]
         # per switch: (cond node or -1, source node, entry of the original, of the copy)
         self.switch_table = [(c, s, self.base[self.fwd[s]] + k,
                               self.base[self.copy[s]] + k if s in self.copy else -1)
                              for c, s, k in self.switches]
-        self.out_entries = [self.base[s] + k for s, k in self.outputs]
         # the DFS: events are compiled nodes (>= 0) or switches met (~index)
         events: list[int] = []
         visited = bytearray(n)
@@ -198,6 +188,44 @@ class CompiledTraining:
             else:
                 c, src, _ = self.switches[~ev]
                 self.runs[-1][1].append((c, src))
+        self._lay_out_reads(visited)
+        # what a copy's DFS enters: its inputs that may be copied, in order
+        self.copy_sources = {g: [s for s, _ in self.graph.nodes[g].inputs if s in self.copy]
+                             for g in self.copy}
+
+    def _lay_out_reads(self, reached: bytearray) -> None:
+        """Every node's input slots (an entry, or n_entries + switch index) and the reference
+        counts of the nodes that always run; reads by switches and copies are added per set."""
+        n_entries = len(self.esize)
+        self.identity = list(range(n_entries))
+        self.index_map: list[int] = []
+        self.in_start = [0]
+        self.ref_static = [0] * n_entries
+        self.counted_switches: list[int] = []  # switch reads of nodes that always run
+        self.copy_switches: dict[int, list[int]] = {c: [] for c in self.copy_of}
+        self.copy_entries: dict[int, list[int]] = {c: [] for c in self.copy_of}
+        for i, ins in enumerate(self.ins):
+            f = self.facts[i]
+            ignore = f.ignore_inputs if f is not None else frozenset()
+            is_copy = i in self.copy_of
+            for j, e in enumerate(ins):
+                counted = j not in ignore and (is_copy or reached[i])
+                if isinstance(e, tuple):
+                    entry = self.base[e[0]] + e[1]
+                    self.index_map.append(entry)
+                    if counted and is_copy:
+                        self.copy_entries[i].append(entry)
+                    elif counted:
+                        self.ref_static[entry] += 1
+                else:
+                    self.index_map.append(n_entries + e)
+                    if counted and is_copy:
+                        self.copy_switches[i].append(e)
+                    elif counted:
+                        self.counted_switches.append(e)
+            self.in_start.append(len(self.index_map))
+        for e in self.out_entries:
+            self.ref_static[e] += 1
 
     def _dfs(self, head: int, visited: bytearray, events: list[int]) -> None:
         """Post-order DFS (inputs, then control dependencies) that does not enter switches:
@@ -230,8 +258,7 @@ class CompiledTraining:
         """The FlatGraph MXNet plans for `mirror` (graph node ids), and the graph ids of the
         copies it runs (in order)."""
         mir = self.mirrorable.intersection(mirror)
-        copy, fwd, base = self.copy, self.fwd, self.base
-        nodes = self.graph.nodes
+        copy, sources = self.copy, self.copy_sources
         order: list[int] = []
         made: list[int] = []
         emitted: set[int] = set()
@@ -244,9 +271,9 @@ class CompiledTraining:
                 stack = [(src, 0)]
                 while stack:  # the copy's own DFS: copies of its mirrored inputs first
                     g, i = stack[-1]
-                    inputs = nodes[g].inputs
+                    inputs = sources[g]
                     while i < len(inputs):
-                        s = inputs[i][0]
+                        s = inputs[i]
                         i += 1
                         if s in mir and s not in emitted:
                             emitted.add(s)
@@ -259,12 +286,16 @@ class CompiledTraining:
                         stack.pop()
         read = [ce if s in mir and (c < 0 or c in mir) else fe
                 for c, s, fe, ce in self.switch_table]  # the entry each switch reads
-        ins = list(self.static_ins)
-        for i, row in self.switched:
-            ins[i] = [e if e >= 0 else read[~e] for e in row]
-        for g in made:
-            ins[copy[g]] = [base[copy[s] if s in mir else fwd[s]] + k
-                            for s, k in nodes[g].inputs]
-        fg = memory.FlatGraph(order, self.facts, self.sizes, ins, base, self.esize,
-                              self.out_entries, self.num_forward_outputs, self.out_order)
+        ins = list(map((self.identity + read).__getitem__, self.index_map))
+        counts = Counter(map(read.__getitem__, self.counted_switches))
+        made_copies = [copy[g] for g in made]
+        counts.update(map(read.__getitem__, chain.from_iterable(
+            self.copy_switches[c] for c in made_copies)))
+        counts.update(chain.from_iterable(self.copy_entries[c] for c in made_copies))
+        ref = list(self.ref_static)
+        for e, k in counts.items():
+            ref[e] += k
+        fg = memory.FlatGraph(order, self.facts, self.sizes, ins, self.in_start, self.base,
+                              self.esize, self.out_entries, self.num_forward_outputs,
+                              self.out_order, ref)
         return fg, made

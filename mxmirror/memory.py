@@ -46,19 +46,24 @@ class FlatGraph:
     """A training graph as the planner sees it: integer entries, nodes in execution order.
 
     Nodes are numbered freely (``order`` lists the ones that run); node i's outputs are the
-    entries ``base[i] .. base[i] + len(sizes[i]) - 1``, and ``ins[i]`` lists the entries it
-    reads. ``training_graph.build`` graphs and ``compiled.CompiledTraining`` both come here.
+    entries ``base[i] .. base[i] + len(sizes[i]) - 1``, and it reads the entries
+    ``ins[in_start[i]:in_start[i + 1]]``. ``training_graph.build`` graphs and
+    ``compiled.CompiledTraining`` both come here; the latter also gives ``ref``, the
+    reference count of every entry (the readers that run, and graph outputs), which it
+    derives faster than counting every read.
     """
 
     order: list[int]
     facts: list[ops.MemoryFacts | None]  # per node (None: a variable)
     sizes: list[list[int]]  # elements per output, per node
-    ins: list[list[int]]  # input entries, per node
+    ins: list[int]  # input entries of every node, node after node
+    in_start: list[int]  # per node (and one past the last): where its inputs start
     base: list[int]  # first output entry, per node
     esize: list[int]  # elements per entry
     outputs: list[int]  # graph output entries: forward heads, then argument gradients
     num_forward_outputs: int
     out_order: list[tuple[int, ...]]  # per node: outputs in allocation order
+    ref: list[int] | None = None  # reference counts, when known
 
 
 def allocation_order(sizes: list[int]) -> tuple[int, ...]:
@@ -72,14 +77,18 @@ def flatten(tg: TrainingGraph) -> FlatGraph:
     """The FlatGraph of a built training graph (its nodes are already in MXNet's order)."""
     nodes = tg.nodes
     esize = [0] * tg.num_entries
+    ins: list[int] = []
+    in_start = [0]
     for n in nodes:
         esize[n.eid:n.eid + len(n.sizes)] = n.sizes
+        ins += [src.eid + k for src, k in n.inputs]
+        in_start.append(len(ins))
     return FlatGraph(
         list(range(len(nodes))),
         [None if n.op is None else ops.memory_facts(n.op, len(n.inputs)) for n in nodes],
-        [n.sizes for n in nodes], [[src.eid + k for src, k in n.inputs] for n in nodes],
-        [n.eid for n in nodes], esize, [tg.entry(e) for e in tg.outputs],
-        tg.num_forward_outputs, [allocation_order(n.sizes) for n in nodes])
+        [n.sizes for n in nodes], ins, in_start, [n.eid for n in nodes], esize,
+        [tg.entry(e) for e in tg.outputs], tg.num_forward_outputs,
+        [allocation_order(n.sizes) for n in nodes])
 
 
 def simulate(tg: TrainingGraph, strategy: str = "sharing", match_range: int = 16,
@@ -107,30 +116,28 @@ def simulate_flat(fg: FlatGraph, strategy: str = "sharing", match_range: int = 1
     blocks: list[int] = []
     bisect_left, insort = bisect.bisect_left, bisect.insort
     n_entries = len(fg.esize)
-    ref = [0] * n_entries
     facts, sizes, ins, bases, esize = fg.facts, fg.sizes, fg.ins, fg.base, fg.esize
-    out_order = fg.out_order
-    for i in fg.order:
-        f = facts[i]
-        if f is None:
-            continue
-        ignore = f.ignore_inputs
-        if ignore:
-            for j, e in enumerate(ins[i]):
+    in_start, out_order = fg.in_start, fg.out_order
+    ref = fg.ref
+    if ref is None:
+        ref = [0] * n_entries
+        for i in fg.order:
+            f = facts[i]
+            if f is None:
+                continue
+            ignore = f.ignore_inputs
+            for j, e in enumerate(ins[in_start[i]:in_start[i + 1]]):
                 if j not in ignore:
                     ref[e] += 1
-        else:
-            for e in ins[i]:
-                ref[e] += 1
-    for e in fg.outputs:
-        ref[e] += 1
+        for e in fg.outputs:
+            ref[e] += 1
     storage = [BAD] * n_entries
     for e in fg.outputs[fg.num_forward_outputs:]:
         storage[e] = EXTERNAL
     sref = [0] * (n_entries + 1)  # one block per entry at most
     live_line: list[int] = []
     block_live: dict[int, int] = {}
-    live = total = 0
+    live = total = seq = 0
     stop = stop_at if stop_at is not None else -1
     for i in fg.order:
         f = facts[i]
@@ -140,13 +147,14 @@ def simulate_flat(fg: FlatGraph, strategy: str = "sharing", match_range: int = 1
             continue
         base = bases[i]
         out_sizes = sizes[i]
-        inputs = ins[i]
+        n_out = len(out_sizes)
+        inputs = ins[in_start[i]:in_start[i + 1]]
         if inplace and f.inplace:
             n_in = len(inputs)
             taken = [False] * n_in
             ignore_all = len(f.ignore_inputs) == n_in and n_in > 0
             for (i_in, i_out), identity in zip(f.inplace, f.identity):
-                if i_in >= n_in or i_out >= len(out_sizes):
+                if i_in >= n_in or i_out >= n_out:
                     continue
                 eo = base + i_out
                 ei = inputs[i_in]
@@ -186,22 +194,22 @@ def simulate_flat(fg: FlatGraph, strategy: str = "sharing", match_range: int = 1
                 live += blocks[sid]
         ignore = f.ignore_inputs
         for j, e in enumerate(inputs):
-            if ignore and j in ignore:
-                continue
             sid = storage[e]
-            if sid < 0:
+            if sid < 0 or (ignore and j in ignore):
                 continue
             sref[sid] -= 1
-            if sref[sid] == 0:
+            if not sref[sid]:
+                seq += 1
                 sid_at.append(sid)
-                insort(free, (blocks[sid] << SEQ_BITS) | (len(sid_at) - 1))
+                insort(free, (blocks[sid] << SEQ_BITS) | seq)
                 if timeline:
                     live -= block_live.pop(sid, 0)
-        for k in range(len(out_sizes)):
-            sid = storage[base + k]
-            if sid >= 0 and sref[sid] == 0:
+        for eo in range(base, base + n_out):
+            sid = storage[eo]
+            if sid >= 0 and not sref[sid]:
+                seq += 1
                 sid_at.append(sid)
-                insort(free, (blocks[sid] << SEQ_BITS) | (len(sid_at) - 1))
+                insort(free, (blocks[sid] << SEQ_BITS) | seq)
                 if timeline:
                     live -= block_live.pop(sid, 0)
         if timeline:
