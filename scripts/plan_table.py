@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-POLICIES = ("none", "cheap", "sqrt", "budget", "optimal", "recursive", "multilevel")
+POLICIES = ("none", "cheap", "sqrt", "budget", "search", "recursive", "multilevel")
+RENAMED = {"optimal": "search"}  # rows of runs before the rename compare under the new name
 
 
 def networks() -> dict:
@@ -158,7 +159,8 @@ def main() -> None:
         rows += rows_for(name, factory, shapes, args.policies.split(","))
     old = None
     if args.compare:
-        old = {(r["network"], r["policy"]): r for r in json.loads(Path(args.compare).read_text())}
+        old = {(r["network"], RENAMED.get(r["policy"], r["policy"])): r
+               for r in json.loads(Path(args.compare).read_text())}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
     load_after = os.getloadavg()
