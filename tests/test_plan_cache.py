@@ -68,7 +68,7 @@ def test_corrupt_file_warns_once_and_plans_again() -> None:
     sym = _small()
     p = prepare(sym, **SHAPES).plan("sqrt")
     file = cache.plans_dir() / f"{cache.plan_key('sqrt', None, p.source_json, p.inputs)}.json"
-    file.write_text('{"schema": 1, "mirror": [1, 2')  # cut short
+    file.write_text('{"schema": 2, "mirror": [1, 2')  # cut short
     with pytest.warns(UserWarning, match="unreadable plan cache file") as caught:
         again = prepare(sym, **SHAPES).plan("sqrt")
     assert len([w for w in caught if "plan cache" in str(w.message)]) == 1
@@ -118,3 +118,15 @@ def test_two_processes_writing_at_once_leave_a_valid_file(tmp_path) -> None:
     rec = json.loads(f.read_text())
     assert rec["i"] == 149 and rec["tag"] in "ab"
     assert [x.name for x in f.parent.iterdir()] == ["same.json"]  # no temporary left
+
+
+def test_dtypes_given_as_types_key_the_same_plan() -> None:
+    """Module passes dtypes as numpy types: they key the plan as their names do."""
+    import numpy as np
+
+    sym = _small()
+    by_type = prepare(sym, type_dict={"data": np.float32}, **SHAPES).plan("sqrt")
+    key = cache.plan_key("sqrt", None, by_type.source_json, by_type.inputs)
+    assert (cache.plans_dir() / f"{key}.json").exists()
+    by_name = prepare(sym, type_dict={"data": "float32"}, **SHAPES).plan("sqrt")
+    assert cache.plan_key("sqrt", None, by_name.source_json, by_name.inputs) == key

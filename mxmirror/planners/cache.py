@@ -7,7 +7,8 @@ attributes, shapes, dtypes, grad_req, the strategy and budget, the MXNet version
 switch (they decide the learned templates), a schema number and the source of the whole
 package (any code change plans again). A file holds what the strategy chose, enough to
 rebuild the Plan without searching: the recomputed node ids, checkpoints and bytes, and
-for segmented plans the cuts and tree (``segments.make_segment_plan`` rebuilds the rest).
+for segmented plans the cuts, tree and each template's simulated memory
+(``segments.make_segment_plan`` rebuilds the rest).
 Files are written atomically (a unique temporary name, then a rename); a file that cannot
 be read is reported once and planned again.
 """
@@ -24,10 +25,10 @@ from pathlib import Path
 from .. import learn
 from ..analysis import Analysis, Score
 from ..plan import BindInputs
-from ..segments import make_segment_plan
+from ..segments import Segments, build_segments, make_segment_plan
 from .common import Choice
 
-SCHEMA = 1  # bump when what a file holds changes
+SCHEMA = 2  # bump when what a file holds changes
 
 
 @lru_cache(maxsize=1)
@@ -54,11 +55,21 @@ def plan_key(strategy: str, budget_bytes: int | None, source_json: str | None,
         "mkldnn": os.environ.get("MXNET_MKLDNN_ENABLED", ""),
         "symbol": source_json,
         "shapes": {k: list(v) for k, v in sorted(inputs.shapes.items())},
-        "type_dict": sorted((inputs.type_dict or {}).items()),
+        "type_dict": sorted((k, _dtype_name(v)) for k, v in (inputs.type_dict or {}).items()),
         "grad_req": sorted(inputs.grad_req.items()),
         "strategy": strategy, "budget": budget_bytes, "never_worse": never_worse,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _dtype_name(dtype: object) -> str:
+    """'float32' for 'float32', np.float32 or np.dtype('float32') (Module passes types)."""
+    try:
+        import numpy as np
+
+        return np.dtype(dtype).name
+    except TypeError:
+        return str(dtype)
 
 
 def plans_dir() -> Path | None:
@@ -106,9 +117,18 @@ def _to_record(choice: Choice, baseline_bytes: int, notes: list[str]) -> dict:
            "notes": list(notes), "segments": None}
     if choice.segments is not None:
         sp = choice.segments
+        keys = _template_keys(sp.segments)
         rec["segments"] = {"cuts": list(sp.cuts),
-                           "tree": [[s, e, mid] for (s, e), mid in sorted(sp.tree.items())]}
+                           "tree": [[s, e, mid] for (s, e), mid in sorted(sp.tree.items())],
+                           "template_bytes": [sp.template_bytes[k] for k in keys],
+                           "template_blocks": [sp.template_blocks[k] for k in keys]}
     return rec
+
+
+def _template_keys(sg: Segments) -> list[str]:
+    """The segments' template keys, in order of first use (how a file lists their memory:
+    the simulated training graph of each template is the costly part of a rebuild)."""
+    return list(dict.fromkeys(seg.key for seg in sg.segments))
 
 
 def _from_record(rec: dict, a: Analysis) -> tuple[Choice, int, list[str]]:
@@ -121,8 +141,15 @@ def _from_record(rec: dict, a: Analysis) -> tuple[Choice, int, list[str]]:
     score = Score(int(rec["planned_bytes"]), float(rec["recompute_ratio"]), mirror)
     segments = None
     if rec["segments"] is not None:
-        tree = {(int(s), int(e)): int(mid) for s, e, mid in rec["segments"]["tree"]}
-        segments = make_segment_plan(a.graph, [int(c) for c in rec["segments"]["cuts"]], tree)
+        seg = rec["segments"]
+        tree = {(int(s), int(e)): int(mid) for s, e, mid in seg["tree"]}
+        sg = build_segments(a.graph, [int(c) for c in seg["cuts"]])
+        keys = _template_keys(sg)
+        if len(keys) != len(seg["template_bytes"]):
+            raise ValueError("the segments rebuilt differ from the ones kept")
+        mem = (dict(zip(keys, map(int, seg["template_bytes"]))),
+               {k: [int(b) for b in bl] for k, bl in zip(keys, seg["template_blocks"])})
+        segments = make_segment_plan(a.graph, sg.cuts, tree, sg=sg, mem=mem)
         if segments.planned_bytes != score.planned_bytes:
             raise ValueError("the segment plan rebuilt differs from the one kept")
     choice = Choice(score, tuple(rec["checkpoints"]), segments, tuple(rec["choice_notes"]))
