@@ -60,8 +60,8 @@ class CompiledTraining:
             size = self.sizes[t][k]
             var = self._node(None, [size], [])
             hint = self._node("_identity_with_attr_like_rhs", [size], [(var, 0), (t, k)])
-            grads[self._graph_id(t)][k] = [(hint, 0)]
-        self.mirrorable = set()
+            grads[self.fwd_of[t]][k] = [(hint, 0)]
+        self.mirrorable: set[int] = set()  # graph ids that get a copy when mirrored
         for n in topo:
             if not n.is_variable and n.op != "Dropout":
                 c = self._node(n.op, n.element_counts,
@@ -121,9 +121,6 @@ class CompiledTraining:
         self.ins.append(ins)
         self.cdeps.append([])
         return len(self.op) - 1
-
-    def _graph_id(self, node: int) -> int:
-        return self.fwd_of[node]
 
     def _switch(self, cond: int, src: int, k: int) -> int:
         """A read of `src`'s output k: its copy when `src` (and `cond`, if given) are

@@ -6,9 +6,10 @@ Simulator only (no bind), so it runs in minutes. Inputs given shapes get no grad
 ``multilevel`` 0.75x. Times: "cold" plans with an empty plan cache (a folder of this run;
 learned templates still come from the user's cache), "warm" plans the same again in a new
 ``prepare`` (the plan read from the cache); "total" adds reading the symbol and analysing
-its graph (``prepare``), which every bind pays. ``--json FILE`` keeps the rows so that two
-commits can be compared exactly (``--compare OLD.json``). The machine's load average is
-printed: timings on a shared machine are noisy.
+its graph (``prepare``), which every bind pays; "CPU" is the process time of the cold
+planning (steadier than wall time when other jobs share the machine). ``--json FILE``
+keeps the rows so that two commits can be compared exactly (``--compare OLD.json``). The
+machine's load average is printed: timings on a shared machine are noisy.
 
 Usage::
 
@@ -66,12 +67,14 @@ def networks() -> dict:
 
 
 def timed_plan(sym, policy: str, budget, shapes: dict):
-    """(plan, seconds of mxmirror.plan: prepare + plan)."""
-    import mxmirror
+    """(plan, seconds of mxmirror.plan: prepare + plan, CPU seconds of its planning part)."""
+    from mxmirror.api import prepare
 
     start = time.perf_counter()
-    p = mxmirror.plan(sym, policy=policy, budget=budget, **shapes)
-    return p, time.perf_counter() - start
+    prep = prepare(sym, **shapes)
+    cpu = time.process_time()
+    p = prep.plan(policy, budget)
+    return p, time.perf_counter() - start, time.process_time() - cpu
 
 
 def rows_for(name: str, factory, shapes: dict, policies) -> list[dict]:
@@ -87,11 +90,11 @@ def rows_for(name: str, factory, shapes: dict, policies) -> list[dict]:
                 sqrt_bytes = mxmirror.plan(sym, policy="sqrt", **shapes).planned_bytes
             budget = int(sqrt_bytes * (1.25 if policy == "budget" else 0.75))
         try:
-            p, seconds = timed_plan(sym, policy, budget, shapes)
+            p, seconds, cpu = timed_plan(sym, policy, budget, shapes)
         except mxmirror.PlanError as exc:
             rows.append({"network": name, "policy": policy, "error": str(exc)})
             continue
-        warm, warm_seconds = timed_plan(sym, policy, budget, shapes)
+        warm, warm_seconds, _ = timed_plan(sym, policy, budget, shapes)
         if (warm.planned_bytes, warm.recomputed_ids) != (p.planned_bytes, p.recomputed_ids):
             raise SystemExit(f"{name} {policy}: the cached plan differs from the fresh one")
         if policy == "sqrt":
@@ -99,20 +102,20 @@ def rows_for(name: str, factory, shapes: dict, policies) -> list[dict]:
         rows.append({"network": name, "policy": policy, "budget": budget,
                      "planned_bytes": p.planned_bytes, "baseline_bytes": p.baseline_bytes,
                      "recompute_ratio": p.recompute_ratio, "seconds": round(seconds, 2),
-                     "plan_seconds": round(p.plan_seconds, 2),
+                     "plan_seconds": round(p.plan_seconds, 2), "plan_cpu": round(cpu, 2),
                      "warm_seconds": round(warm_seconds, 2),
                      "warm_plan_seconds": round(warm.plan_seconds, 3)})
         print(f"  {name:<18} {policy:<10} {p.planned_bytes / 2**20:>9.1f} MB "
-              f"{p.recompute_ratio:>6.3f} cold {p.plan_seconds:>6.1f} s "
+              f"{p.recompute_ratio:>6.3f} cold {p.plan_seconds:>6.1f} s (CPU {cpu:>5.1f} s) "
               f"(total {seconds:>6.1f} s) warm {warm.plan_seconds:>6.3f} s "
               f"(total {warm_seconds:>6.1f} s)", file=sys.stderr, flush=True)
     return rows
 
 
 def table(rows: list[dict], old: dict | None) -> str:
-    head = ("| network | policy | planned MB | recompute | plan s cold | total s cold "
-            "| plan s warm | total s warm |")
-    sep = "|---|---|---:|---:|---:|---:|---:|---:|"
+    head = ("| network | policy | planned MB | recompute | plan s cold | plan CPU s cold "
+            "| total s cold | plan s warm | total s warm |")
+    sep = "|---|---|---:|---:|---:|---:|---:|---:|---:|"
     if old is not None:
         head += " before MB | before recompute | before total s | same |"
         sep += "---:|---:|---:|---|"
@@ -120,11 +123,12 @@ def table(rows: list[dict], old: dict | None) -> str:
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['network']} | {r['policy']} | error: {r['error'][:60]} "
-                         f"| | | | | |")
+                         f"| | | | | | |")
             continue
         line = (f"| {r['network']} | {r['policy']} | {r['planned_bytes'] / 2**20:.1f} | "
                 f"{r['recompute_ratio']:.4f} | {r.get('plan_seconds', float('nan')):.1f} | "
-                f"{r['seconds']:.1f} | {r.get('warm_plan_seconds', float('nan')):.3f} | "
+                f"{r.get('plan_cpu', float('nan')):.1f} | {r['seconds']:.1f} | "
+                f"{r.get('warm_plan_seconds', float('nan')):.3f} | "
                 f"{r.get('warm_seconds', float('nan')):.1f} |")
         if old is not None:
             o = old.get((r["network"], r["policy"]))
