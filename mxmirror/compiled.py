@@ -52,7 +52,7 @@ class CompiledTraining:
                                        [(fwd[s], k) for s, k in n.inputs])
         self.fwd_of = {c: g for g, c in fwd.items()}
         outputs = [(fwd[h[0]], h[1]) for h in graph.heads]
-        xs = [n for n in graph.nodes if n.kind == PARAM and n.id in fwd]
+        xs = [n for n in topo if n.kind == PARAM]  # as training_graph.build
         if not xs:
             raise Unsupported("nothing gets a gradient")
         grads: dict[int, list[list]] = {n.id: [[] for _ in n.shapes] for n in topo}
