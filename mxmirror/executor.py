@@ -127,7 +127,7 @@ class SegmentedExecutor(Driver):
         Parameter values ("arg" slots: weights, labels, data) are left out: each template
         gets its own, of its exact shape, as MKL-DNN reorders a weight in place during an
         inference forward, which fails on a view (``Check failed: !is_view``). Their
-        gradients are shared, and zeroed before each backward (``fb``): an operator may
+        gradients are shared, and zeroed before each ``forward_backward``: an operator may
         leave an input's gradient unwritten (SoftmaxOutput's label), which would otherwise
         read what another template wrote there."""
         mx = self._mx
@@ -368,7 +368,7 @@ class SegmentedExecutor(Driver):
     def release(self, state: dict) -> None:
         self._held.pop(id(state), None)
 
-    def fb(self, i: int, state: dict) -> None:
+    def forward_backward(self, i: int, state: dict) -> None:
         seg = self.sg.segments[i - 1]
         ex = self._execs[seg.key]
         if self._live != i:

@@ -328,7 +328,7 @@ class Driver:
     def fwd(self, i: int, state: dict, first: bool) -> dict:  # pragma: no cover
         raise NotImplementedError
 
-    def fb(self, i: int, state: dict) -> None:  # pragma: no cover
+    def forward_backward(self, i: int, state: dict) -> None:  # pragma: no cover
         raise NotImplementedError
 
     def hold(self, state: dict) -> None:
@@ -355,7 +355,7 @@ def walk_forward(drv: Driver, tree: Tree, m: int) -> dict[int, dict]:
 def walk_backward(drv: Driver, tree: Tree, m: int, stored: dict[int, dict]) -> None:
     """Backward per the tree, from the states the first forward stored."""
     sp = spine(tree, m)
-    drv.fb(m, stored[sp[-1]])
+    drv.forward_backward(m, stored[sp[-1]])
     for j in range(len(sp) - 2, -1, -1):
         drv.release(stored.pop(sp[j + 1]))
         _walk_range(drv, tree, sp[j], sp[j + 1], stored[sp[j]])
@@ -364,7 +364,7 @@ def walk_backward(drv: Driver, tree: Tree, m: int, stored: dict[int, dict]) -> N
 
 def _walk_range(drv: Driver, tree: Tree, s: int, e: int, state_s: dict) -> None:
     if e == s + 1:
-        drv.fb(e, state_s)
+        drv.forward_backward(e, state_s)
         return
     mid = tree[(s, e)]
     st = state_s
@@ -423,7 +423,7 @@ class _DryDriver(Driver):
         self.live = i
         return new
 
-    def fb(self, i, state):
+    def forward_backward(self, i, state):
         seg = self.sg.segments[i - 1]
         if self.live != i:
             self.flops += seg.flops

@@ -112,11 +112,11 @@ def greedy_by_region(a: Analysis, region: list[int], budgets: list[float]) -> li
 def choose(a: Analysis, budget_bytes: int | None = None) -> Choice:
     pts = front(a)
     grid = candidates(a, steps=17, spread=8.0)
-    flag = not grid or bool(a.losses & grid[0].mirror) or not a.losses
+    mirror_losses = not grid or bool(a.losses & grid[0].mirror) or not a.losses
 
     def evaluate(chosen, below=None):
         """(score, mirror set) of a list of cuts; score None: not below `below` bytes."""
-        mirror = segment_mirror(a, chosen, mirror_losses=flag)
+        mirror = segment_mirror(a, chosen, mirror_losses=mirror_losses)
         return a.score_below(mirror, below), mirror
 
     best = None
