@@ -300,13 +300,13 @@ def predict(sym_json: str, shapes: dict, do_mirror: bool = False):
     """mxmirror's simulated MB and recompute ratio for a symbol's own mirror attributes."""
     from mxmirror import mxnet_adapter as A
     from mxmirror import training_graph
-    from mxmirror.planners.common import score
+    from mxmirror.analysis import Analysis
 
     graph = A.load_graph(sym_json, shapes, grad_req=GRAD_REQ)
     mirror = training_graph.mirror_from_attrs(graph)
     if do_mirror:
         mirror |= training_graph.do_mirror_set(graph)
-    s = score(graph, mirror)
+    s = Analysis(graph).score(mirror)
     return s.planned_bytes / 2**20, s.recompute_ratio
 
 
