@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .. import ops
 from ..analysis import Analysis, Cut, Score
 from ..segments import SegmentPlan, build_segments, make_segment_plan
 
@@ -47,8 +48,6 @@ def segment_mirror(a: Analysis, cuts: list[Cut], only_cheap: bool = False,
     instead of keeping them: large for the per-step losses of an unrolled LSTM,
     a loss for a single small head. Callers choose by simulation.
     """
-    from .. import ops
-
     keep: set[int] = set() if mirror_losses else set(a.losses)
     for c in cuts:
         keep |= c.keep

@@ -80,14 +80,15 @@ def _point(policy: str, choice: Choice) -> Point:
     return Point(choice.score.planned_bytes, choice.score.recompute_ratio, policy, choice)
 
 
-def quick_points(a: Analysis) -> list[Point]:
+def quick_points(a: Analysis, sqrt_choice: Choice | None = None) -> list[Point]:
     """The one-recompute families that cost no search: no plan, cheap, Algorithm 3's grid
-    (full and cheap-only segments) and the sqrt policy's own pick."""
+    (full and cheap-only segments) and the sqrt policy's own pick (`sqrt_choice`, when the
+    caller has it already)."""
     pts = [_point("none", Choice(a.baseline)), _point("cheap", mirror_choice(a, cheap_mirror(a)))]
     for c in candidates(a, steps=17, spread=8.0):
         for m in (segment_mirror(a, c.cuts, only_cheap=True), c.mirror):
             pts.append(_point("sqrt", mirror_choice(a, m, c.cuts)))
-    pts.append(_point("sqrt", sqrt.choose(a)))
+    pts.append(_point("sqrt", sqrt_choice or sqrt.choose(a)))
     return pts
 
 
@@ -105,14 +106,15 @@ def one_recompute(a: Analysis, budget_bytes: int | None = None) -> Choice:
 def all_points(a: Analysis) -> list[Point]:
     """Every family's plans (see the module docstring)."""
     cheap = cheap_mirror(a)
-    pts = quick_points(a)
+    sqrt_choice = sqrt.choose(a)
+    pts = quick_points(a, sqrt_choice)
     for _, _, cuts in search.front(a):
         for losses in (True, False):
             pts.append(_point("search", mirror_choice(
                 a, segment_mirror(a, cuts, mirror_losses=losses), cuts)))
-    whole = [("sqrt", sqrt.choose(a)), ("search", search.choose(a))]
-    pts.append(_point("search", whole[1][1]))
-    for _, choice in whole:
+    search_choice = search.choose(a)
+    pts.append(_point("search", search_choice))
+    for choice in (sqrt_choice, search_choice):
         pts += _mixed(a, choice, cheap)
     one_recompute = min(p.planned_bytes for p in pts)
     for k, (planned, _, sp) in enumerate(curve(a)):
