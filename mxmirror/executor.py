@@ -28,6 +28,7 @@ from . import mxnet_adapter
 from .aux_order import settle
 from .child import allocated_mb
 from .errors import PlanError
+from .segment_steps import SegmentSteps, zero
 from .segments import Driver, Segment, SegmentPlan, pool_blocks, walk_backward, walk_forward
 
 
@@ -117,6 +118,8 @@ class SegmentedExecutor(Driver):
         self._grads: dict = {}
         self._held: dict[int, dict] = {}
         self._delivered: set = set()  # one-hop gradients already in their producer's slot
+        self._segment_steps: dict[int, SegmentSteps] = {}
+        self._value_bytes: dict = {}  # boundary value entry -> bytes of its arrays
         self.peak_kept_bytes = 0  # measured: bytes of kept values and gradients at the peak
         self.forward_flops_run = 0.0  # measured: FLOPs of every segment forward executed
 
@@ -259,9 +262,7 @@ class SegmentedExecutor(Driver):
         elif isinstance(out_grads, dict):
             out_grads = [out_grads.get(n) for n in self._out_names]
         self._head_grads = list(out_grads) + [None] * (len(self.outputs) - len(out_grads))
-        for name, req in self._req.items():
-            if req == "write":
-                self.grad_dict[name][:] = 0
+        zero(_distinct([self.grad_dict[n] for n, r in self._req.items() if r == "write"]))
         stored, self._stored = self._stored, None
         self._grads = {}
         walk_backward(self, self.plan.tree, self.sg.m, stored)
@@ -330,31 +331,48 @@ class SegmentedExecutor(Driver):
                 kw["axes"] = nd.attrs["axes"]
             self._masks[d] = mx.nd.Dropout(ones, **kw)
 
-    def _load(self, ex: Any, seg: Segment, state: dict) -> None:
-        for name, key in seg.slots:
-            kind = key[0]
-            if kind == "state":
-                state[key[1]].copyto(ex.arg_dict[name])
-            elif kind == "arg" and (seg.key, name) not in self._user_bound:
-                self.arg_dict[key[1]].copyto(ex.arg_dict[name])
-            elif kind == "aux":
-                self.aux_dict[key[1]].copyto(ex.aux_dict[name])
-            elif kind == "mask":
-                self._masks[key[1]].copyto(ex.arg_dict[name])
+    def req_of(self, name: str) -> str:
+        """grad_req of argument `name` (write, add or null)."""
+        return self._req[name]
+
+    def value_shape(self, kind: str, key: Any) -> tuple:
+        """The shape of the value a gradient-input slot ("ograd": boundary value entry,
+        "hgrad": graph head index) holds the gradient of."""
+        graph = self.sg.graph
+        src, k = key if kind == "ograd" else graph.heads[key]
+        return tuple(graph.nodes[src].shapes[k])
+
+    def _steps(self, i: int) -> SegmentSteps:
+        """Segment i's slot arrays and their sources, resolved on its first run."""
+        st = self._segment_steps.get(i)
+        if st is None:
+            seg = self.sg.segments[i - 1]
+            st = SegmentSteps.build(seg, self._execs[seg.key], self, self.sg.crossing[i],
+                                    self._user_bound)
+            self._segment_steps[i] = st
+            self._value_bytes.update(st.value_bytes)
+        return st
+
+    def _load(self, st: SegmentSteps, state: dict) -> None:
+        for e, slot in st.states:
+            state[e].copyto(slot)
+        for src, slot in st.copies:
+            src.copyto(slot)
+        for d, slot in st.masks:
+            self._masks[d].copyto(slot)
 
     def _run_forward(self, i: int, state: dict, first: bool, is_train: bool) -> dict:
-        seg = self.sg.segments[i - 1]
-        ex = self._execs[seg.key]
-        self._load(ex, seg, state)
-        ex.forward(is_train=is_train)
-        self.forward_flops_run += seg.flops
-        new = {e: v for e, v in state.items() if e in self.sg.crossing[i]}
-        for j, e in enumerate(seg.outputs):
-            new[e] = ex.outputs[j].copy()
+        st = self._steps(i)
+        self._load(st, state)
+        outs = st.ex.forward(is_train=is_train)
+        self.forward_flops_run += self.sg.segments[i - 1].flops
+        keep = st.keep
+        new = {e: v for e, v in state.items() if e in keep}
+        for j, e in enumerate(st.outputs):
+            new[e] = outs[j].copy()
         if first:
-            base = len(seg.outputs)
-            for j, h in enumerate(seg.heads):
-                ex.outputs[base + j].copyto(self.outputs[h])
+            for j, dst in st.heads:
+                outs[j].copyto(dst)
         self._note(state, new)
         self._live = i if is_train else None
         return new
@@ -369,64 +387,63 @@ class SegmentedExecutor(Driver):
         self._held.pop(id(state), None)
 
     def forward_backward(self, i: int, state: dict) -> None:
-        seg = self.sg.segments[i - 1]
-        ex = self._execs[seg.key]
+        st = self._steps(i)
+        ex = st.ex
         if self._live != i:
-            self._load(ex, seg, state)
+            self._load(st, state)
             ex.forward(is_train=True)
-            self.forward_flops_run += seg.flops
+            self.forward_flops_run += self.sg.segments[i - 1].flops
         self._live = None
-        for name, key in seg.slots:
-            if key[0] == "ograd" and key[1] in self.sg.one_hop:
-                if key[1] not in self._delivered:  # the reader's backward left none
-                    ex.arg_dict[name][:] = 0
-            elif key[0] in ("ograd", "hgrad"):
-                g = self._grads.get(key[1]) if key[0] == "ograd" else self._head_grads[key[1]]
+        # shared parameter gradient slots: what the backward leaves unwritten is 0
+        zeroed = list(st.zeroed)
+        one_hop = self.sg.one_hop
+        for kind, key, slot, view in st.grad_inputs:
+            if kind == "ograd" and key in one_hop:
+                if key not in self._delivered:  # the reader's backward left none
+                    zeroed.append(slot)
+            else:
+                g = self._grads.get(key) if kind == "ograd" else self._head_grads[key]
                 if g is None:
-                    ex.arg_dict[name][:] = 0
+                    zeroed.append(slot)
                 else:
-                    g.copyto(ex.arg_dict[name])
+                    g.copyto(view)
+        zero(zeroed)
         self._delivered = set()
-        for name, key in seg.slots:
-            if key[0] == "arg" and self._req[key[1]] != "null":
-                ex.grad_dict[name][:] = 0  # shared: what the backward leaves unwritten is 0
         ex.backward()
-        # order the copy of the running statistics below after BatchNorm's update of them
-        settle(ex.aux_arrays)
-        for name, key in seg.slots:
-            kind = key[0]
-            if kind == "state":
-                g = ex.grad_dict[name]
-                if key[1] in self.sg.one_hop:  # straight into the producer's gradient input
-                    g.copyto(self._ograd_slot(i - 1, key[1]))
-                    self._delivered.add(key[1])
-                elif key[1] in self._grads:
-                    self._grads[key[1]] += g
-                else:
-                    self._grads[key[1]] = g.copy()
-            elif kind == "arg" and self._req[key[1]] != "null":
-                self.grad_dict[key[1]] += ex.grad_dict[name]
-            elif kind == "aux":
-                ex.aux_dict[name].copyto(self.aux_dict[key[1]])
+        if st.aux:  # order the copy of the running statistics after BatchNorm's update
+            settle(st.aux)
+        for e, g in st.state_grads:
+            if e in one_hop:  # straight into the producer's gradient input
+                g.copyto(self._hop_view(i - 1, e))
+                self._delivered.add(e)
+            elif e in self._grads:
+                self._grads[e] += g
+            else:
+                self._grads[e] = g.copy()
+        for user, slot in st.param_grads:
+            user += slot
+        for slot, dst in st.aux_out:
+            slot.copyto(dst)
         self._note(state)
-        for e in seg.outputs:
+        for e in st.outputs:
             self._grads.pop(e, None)
 
-    def _ograd_slot(self, i: int, e: Any) -> Any:
-        """Segment i's gradient-input slot for its output e (in its template)."""
-        seg = self.sg.segments[i - 1]
-        name = next(n for n, key in seg.slots if key == ("ograd", e))
-        return self._execs[seg.key].arg_dict[name]
+    def _hop_view(self, i: int, e: Any) -> Any:
+        """Segment i's gradient-input slot for its output e, shaped as e."""
+        return next(view for kind, key, _, view in self._steps(i).grad_inputs
+                    if kind == "ograd" and key == e)
 
     def _note(self, *extra: dict) -> None:
-        """Measured bytes of the kept values and boundary gradients (real NDArrays)."""
+        """Measured bytes of the kept values and boundary gradients (real NDArrays: each
+        value's bytes are those of the template output it was copied from)."""
         alive: dict = {}
-        for d in list(self._held.values()) + list(extra):
-            for v in d.values():
-                alive[id(v)] = v
-        total = sum(_nbytes(v) for v in alive.values())
-        total += sum(_nbytes(v) for v in self._grads.values())
-        self.peak_kept_bytes = max(self.peak_kept_bytes, total)
+        for d in (*self._held.values(), *extra):
+            for e, v in d.items():
+                alive[id(v)] = e
+        size = self._value_bytes
+        total = sum(size[e] for e in alive.values()) + sum(size[e] for e in self._grads)
+        if total > self.peak_kept_bytes:
+            self.peak_kept_bytes = total
 
 
 def _fits(buffers: dict | None, name: str, shape: tuple, dtype: str) -> bool:
@@ -445,10 +462,12 @@ def _first(buf: Any, shape: tuple) -> Any:
     return buf.reshape((-1,))[:prod(shape)].reshape(shape)
 
 
-def _nbytes(a: Any) -> int:
-    import numpy as np
-
-    return a.size * np.dtype(a.dtype).itemsize
+def _distinct(arrays: list) -> list:
+    """`arrays` without repeats of the same NDArray (an engine op may not write one twice)."""
+    seen: dict = {}
+    for a in arrays:
+        seen.setdefault(a.handle.value, a)
+    return list(seen.values())
 
 
 def _assign(dst: Any, value: Any) -> None:

@@ -237,8 +237,8 @@ def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry]
     for e in outputs:
         mine = (local[e[0]], e[1])
         head_refs.append((add("BlockGrad", [mine], *like(mine)), 0))
-        g = var(("ograd", e), graph.nodes[e[0]].shapes[e[1]], graph.nodes[e[0]].dtypes[e[1]],
-                "null")
+        g = var(("ograd", e), _column(graph.nodes[e[0]].shapes[e[1]]),
+                graph.nodes[e[0]].dtypes[e[1]], "null")
         losses.append((mine, g))
     for j in heads:
         s, k = graph.heads[j]
@@ -248,14 +248,19 @@ def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry]
             head_refs.append(mine)
         else:
             head_refs.append((add("BlockGrad", [mine], *like(mine)), 0))
-            losses.append((mine, var(("hgrad", j), graph.nodes[s].shapes[k],
+            losses.append((mine, var(("hgrad", j), _column(graph.nodes[s].shapes[k]),
                                      graph.nodes[s].dtypes[k], "null")))
     for mine, g in losses:
-        # loss = sum(o * g): its backward gives o the gradient g exactly (1 * g_i), and
-        # the product is a temporary (not an output kept in the pool)
-        mul = add("elemwise_mul", [mine, (g, 0)], *like(mine))
-        total = add("sum", [(mul, 0)], [(1,)], [sub[mul].dtypes[0]])
-        head_refs.append((add("MakeLoss", [(total, 0)], [(1,)], [sub[total].dtypes[0]]), 0))
+        # loss = dot(o as a row, g): its backward gives o the gradient g exactly (1 * g_i,
+        # a gemm of depth 1), the reshape is in place, and the forward is one BLAS dot
+        # product (MXNet's sum over all axes of o * g cost as much as a convolution). The
+        # gradient-input slot g is a column (the executor fills it through a view of the
+        # value's shape): a reshape of it would be a copy made in the forward, before the
+        # executor has filled it
+        n, dtype = prod(sub[mine[0]].shapes[mine[1]]), sub[mine[0]].dtypes[mine[1]]
+        row = add("Reshape", [mine], [(1, n)], [dtype], {"shape": "(1, -1)"})
+        total = add("dot", [(row, 0), (g, 0)], [(1, 1)], [dtype])
+        head_refs.append((add("MakeLoss", [(total, 0)], [(1, 1)], [dtype]), 0))
     sub_graph = Graph(sub, head_refs, templates=graph.templates)
     text = to_json(sub_graph)
     args = [n for n in sub if n.is_variable and n.kind != AUX]
@@ -269,6 +274,11 @@ def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry]
     sg.slot_req[key] = req
     return Segment(index, ids, inputs, list(outputs), heads, slots, text, key, flops,
                    sub_graph)
+
+
+def _column(shape: tuple) -> tuple[int, int]:
+    """The shape of a gradient-input slot for a value of `shape`: one column."""
+    return (prod(shape), 1)
 
 
 def to_json(graph: Graph) -> str:
