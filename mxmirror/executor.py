@@ -24,6 +24,7 @@ import warnings
 from math import prod
 from typing import Any
 
+from . import engine_calls as calls
 from . import mxnet_adapter
 from .aux_order import settle
 from .child import allocated_mb
@@ -117,6 +118,8 @@ class SegmentedExecutor(Driver):
         self._head_grads: list | None = None
         self._grads: dict = {}
         self._held: dict[int, dict] = {}
+        self._held_alive: dict | None = None  # id -> entry of every held array (a cache)
+        self._held_bytes = 0
         self._delivered: set = set()  # one-hop gradients already in their producer's slot
         self._segment_steps: dict[int, SegmentSteps] = {}
         self._value_bytes: dict = {}  # boundary value entry -> bytes of its arrays
@@ -240,7 +243,7 @@ class SegmentedExecutor(Driver):
         self._draw_masks(is_train)
         self._stored = None
         self._grads = {}
-        self._held = {}
+        self._held, self._held_alive = {}, None
         if is_train:
             self._stored = walk_forward(self, self.plan.tree, self.sg.m)
         else:
@@ -267,7 +270,7 @@ class SegmentedExecutor(Driver):
         self._grads = {}
         walk_backward(self, self.plan.tree, self.sg.m, stored)
         self._grads = {}
-        self._held = {}
+        self._held, self._held_alive = {}, None
         self._head_grads = None
 
     def copy_params_from(self, arg_params: dict, aux_params: dict | None = None,
@@ -355,24 +358,25 @@ class SegmentedExecutor(Driver):
 
     def _load(self, st: SegmentSteps, state: dict) -> None:
         for e, slot in st.states:
-            state[e].copyto(slot)
+            calls.copy(state[e], slot)
         for src, slot in st.copies:
-            src.copyto(slot)
+            calls.copy(src, slot)
         for d, slot in st.masks:
-            self._masks[d].copyto(slot)
+            calls.copy(self._masks[d], slot)
 
     def _run_forward(self, i: int, state: dict, first: bool, is_train: bool) -> dict:
         st = self._steps(i)
         self._load(st, state)
-        outs = st.ex.forward(is_train=is_train)
+        calls.forward(st.ex, is_train)
         self.forward_flops_run += self.sg.segments[i - 1].flops
         keep = st.keep
         new = {e: v for e, v in state.items() if e in keep}
-        for j, e in enumerate(st.outputs):
-            new[e] = outs[j].copy()
+        outs = st.ex.outputs
+        for j, (e, shape, dtype) in enumerate(st.outputs):
+            new[e] = calls.copy_new(outs[j], shape, dtype)
         if first:
             for j, dst in st.heads:
-                outs[j].copyto(dst)
+                calls.copy(outs[j], dst)
         self._note(state, new)
         self._live = i if is_train else None
         return new
@@ -382,16 +386,18 @@ class SegmentedExecutor(Driver):
 
     def hold(self, state: dict) -> None:
         self._held[id(state)] = state
+        self._held_alive = None
 
     def release(self, state: dict) -> None:
         self._held.pop(id(state), None)
+        self._held_alive = None
 
     def forward_backward(self, i: int, state: dict) -> None:
         st = self._steps(i)
         ex = st.ex
         if self._live != i:
             self._load(st, state)
-            ex.forward(is_train=True)
+            calls.forward(ex, True)
             self.forward_flops_run += self.sg.segments[i - 1].flops
         self._live = None
         # shared parameter gradient slots: what the backward leaves unwritten is 0
@@ -406,7 +412,7 @@ class SegmentedExecutor(Driver):
                 if g is None:
                     zeroed.append(slot)
                 else:
-                    g.copyto(view)
+                    calls.copy(g, view)
         zero(zeroed)
         self._delivered = set()
         ex.backward()
@@ -414,18 +420,18 @@ class SegmentedExecutor(Driver):
             settle(st.aux)
         for e, g in st.state_grads:
             if e in one_hop:  # straight into the producer's gradient input
-                g.copyto(self._hop_view(i - 1, e))
+                calls.copy(g, self._hop_view(i - 1, e))
                 self._delivered.add(e)
             elif e in self._grads:
-                self._grads[e] += g
+                calls.add_to(self._grads[e], g)
             else:
                 self._grads[e] = g.copy()
         for user, slot in st.param_grads:
-            user += slot
+            calls.add_to(user, slot)
         for slot, dst in st.aux_out:
-            slot.copyto(dst)
+            calls.copy(slot, dst)
         self._note(state)
-        for e in st.outputs:
+        for e, _, _ in st.outputs:
             self._grads.pop(e, None)
 
     def _hop_view(self, i: int, e: Any) -> Any:
@@ -436,12 +442,15 @@ class SegmentedExecutor(Driver):
     def _note(self, *extra: dict) -> None:
         """Measured bytes of the kept values and boundary gradients (real NDArrays: each
         value's bytes are those of the template output it was copied from)."""
-        alive: dict = {}
-        for d in (*self._held.values(), *extra):
-            for e, v in d.items():
-                alive[id(v)] = e
         size = self._value_bytes
-        total = sum(size[e] for e in alive.values()) + sum(size[e] for e in self._grads)
+        held = self._held_alive
+        if held is None:  # recounted only when a state is held or released
+            held = self._held_alive = {id(v): e for d in self._held.values()
+                                       for e, v in d.items()}
+            self._held_bytes = sum(size[e] for e in held.values())
+        alive = {id(v): e for d in extra for e, v in d.items() if id(v) not in held}
+        total = self._held_bytes + sum(size[e] for e in alive.values()) + \
+            sum(size[e] for e in self._grads)
         if total > self.peak_kept_bytes:
             self.peak_kept_bytes = total
 
