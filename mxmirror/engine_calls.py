@@ -4,9 +4,10 @@ A step of the segmented executor pushes thousands of small engine ops (copies in
 out of template slots, gradient sums, forwards of small executors). Through
 ``NDArray.copyto`` / ``+=`` / ``Executor.forward`` each costs 20-30 us of Python
 (argument checks, handle arrays built per call, new output NDArrays); the engine op
-itself is the same. These functions push exactly the ops those methods push
-(``_copyto``, ``broadcast_add`` with ``out=``, ``MXExecutorForward``), with the
-argument arrays built by ctypes' ``byref`` on the arrays' own handles.
+itself is the same. These functions push the ops those methods push (``_copyto``,
+``MXExecutorForward``; for ``+=`` elemwise_add, which computes the same sums as
+NDArray.__iadd__'s broadcast_add but is much faster on equal shapes), with the argument
+arrays built by ctypes on the arrays' own handles.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def _lib() -> tuple:
         check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(h)))
         return h
 
-    return _LIB, check_call, NDArrayHandle, handle("_copyto"), handle("broadcast_add")
+    return _LIB, check_call, NDArrayHandle, handle("_copyto"), handle("elemwise_add")
 
 
 def _invoke(op: Any, inputs: list, out: Any) -> None:
@@ -45,7 +46,7 @@ def copy(src: Any, dst: Any) -> None:
 
 
 def add_to(dst: Any, src: Any) -> None:
-    """``dst += src`` for two NDArrays (NDArray.__iadd__: broadcast_add into dst)."""
+    """``dst += src`` for two NDArrays of one shape (elemwise_add into dst)."""
     _invoke(_lib()[4], [dst, src], dst)
 
 

@@ -28,6 +28,7 @@ import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from math import prod
+from typing import Any
 
 from . import memory, ops, training_graph
 from .errors import PlanError
@@ -235,11 +236,14 @@ def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry]
     losses = []
     outputs = sorted(outputs, key=lambda e: -graph.entry_bytes(e))
     for e in outputs:
-        mine = (local[e[0]], e[1])
-        head_refs.append((add("BlockGrad", [mine], *like(mine)), 0))
+        # the value leaves as a row (the executor reads it through views of that shape):
+        # with MKL-DNN, the reshape reorders a blocked layout to plain once, and both the
+        # output and the loss read that
+        row = _row(add, (local[e[0]], e[1]), sub)
+        head_refs.append((add("BlockGrad", [row], *like(row)), 0))
         g = var(("ograd", e), _column(graph.nodes[e[0]].shapes[e[1]]),
                 graph.nodes[e[0]].dtypes[e[1]], "null")
-        losses.append((mine, g))
+        losses.append((row, g))
     for j in heads:
         s, k = graph.heads[j]
         mine = (local[s], k)
@@ -248,18 +252,17 @@ def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry]
             head_refs.append(mine)
         else:
             head_refs.append((add("BlockGrad", [mine], *like(mine)), 0))
-            losses.append((mine, var(("hgrad", j), _column(graph.nodes[s].shapes[k]),
-                                     graph.nodes[s].dtypes[k], "null")))
-    for mine, g in losses:
+            losses.append((_row(add, mine, sub), var(("hgrad", j),
+                                                      _column(graph.nodes[s].shapes[k]),
+                                                      graph.nodes[s].dtypes[k], "null")))
+    for row, g in losses:
         # loss = dot(o as a row, g): its backward gives o the gradient g exactly (1 * g_i,
-        # a gemm of depth 1), the reshape is in place, and the forward is one BLAS dot
-        # product (MXNet's sum over all axes of o * g cost as much as a convolution). The
-        # gradient-input slot g is a column (the executor fills it through a view of the
-        # value's shape): a reshape of it would be a copy made in the forward, before the
-        # executor has filled it
-        n, dtype = prod(sub[mine[0]].shapes[mine[1]]), sub[mine[0]].dtypes[mine[1]]
-        row = add("Reshape", [mine], [(1, n)], [dtype], {"shape": "(1, -1)"})
-        total = add("dot", [(row, 0), (g, 0)], [(1, 1)], [dtype])
+        # a gemm of depth 1), and the forward is one BLAS dot product (MXNet's sum over all
+        # axes of o * g cost as much as a convolution). The gradient-input slot g is a
+        # column (the executor fills it through a view of the value's shape): a reshape of
+        # it would be a copy made in the forward, before the executor has filled it
+        dtype = sub[row[0]].dtypes[row[1]]
+        total = add("dot", [row, (g, 0)], [(1, 1)], [dtype])
         head_refs.append((add("MakeLoss", [(total, 0)], [(1, 1)], [dtype]), 0))
     sub_graph = Graph(sub, head_refs, templates=graph.templates)
     text = to_json(sub_graph)
@@ -274,6 +277,12 @@ def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry]
     sg.slot_req[key] = req
     return Segment(index, ids, inputs, list(outputs), heads, slots, text, key, flops,
                    sub_graph)
+
+
+def _row(add: Any, value: Entry, sub: list[Node]) -> Entry:
+    """`value` reshaped (in place) to one row, a node added with `add`."""
+    n, dtype = prod(sub[value[0]].shapes[value[1]]), sub[value[0]].dtypes[value[1]]
+    return (add("Reshape", [value], [(1, n)], [dtype], {"shape": "(1, -1)"}), 0)
 
 
 def _column(shape: tuple) -> tuple[int, int]:
