@@ -95,16 +95,18 @@ def load_memonger() -> ModuleType | None:
 
 
 def get_cost_cpu(
-    sym: mx.sym.Symbol, type_dict: dict[str, Any] | None = None, **shapes: Any
+    sym: mx.sym.Symbol, type_dict: dict[str, Any] | None = None, grad_req: Any = "write",
+    **shapes: Any
 ) -> int:
-    """MB MXNet plans for ``sym`` when bound on CPU with a gradient for every argument.
+    """MB MXNet plans for ``sym`` when bound on CPU (by default with a gradient for every
+    argument, memonger's convention).
 
     Same measurement as memonger's ``get_cost`` (the ``Total X MB allocated``
     line of ``debug_str()``) but on ``mx.cpu()``, and parsed by pattern
     rather than by line position.
     """
     texec = sym.simple_bind(
-        ctx=mx.cpu(), grad_req="write", type_dict=type_dict, **shapes
+        ctx=mx.cpu(), grad_req=grad_req, type_dict=type_dict, **shapes
     )
     mb = allocated_mb(texec)
     del texec
@@ -117,9 +119,11 @@ def search_plan_cpu(
     sym: mx.sym.Symbol,
     ntrial: int = 6,
     type_dict: dict[str, Any] | None = None,
+    grad_req: Any = "write",
     **shapes: Any,
 ) -> tuple[mx.sym.Symbol, int]:
-    """Run memonger's ``search_plan`` with costs measured on CPU.
+    """Run memonger's ``search_plan`` with costs measured on CPU (binding with
+    ``grad_req``: memonger's own ``'write'`` for every argument by default).
 
     Returns the planned symbol and its cost in MB (the smallest cost seen
     during the search, which is the plan ``search_plan`` picks).
@@ -130,7 +134,7 @@ def search_plan_cpu(
     costs: list[int] = []
 
     def cost(s: mx.sym.Symbol, td: dict[str, Any] | None = None, **kw: Any) -> int:
-        mb = get_cost_cpu(s, td, **kw)
+        mb = get_cost_cpu(s, td, grad_req, **kw)
         costs.append(mb)
         return mb
 

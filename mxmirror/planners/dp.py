@@ -13,21 +13,39 @@ boundary gradients) are added outside the DP; the chosen schedule is then
 walked by ``segments.dry_run`` and its exact peak checked against the budget.
 Memory is discretised into K levels (boundary sizes rounded up), so the
 result is optimal for the chain model up to that rounding.
+
+The DP runs over several chains (``chains``): the finest (every candidate cut,
+whose binary recursion is the ``recursive`` plan) and the coarser ones of
+Algorithm 3's budget grid. A coarse chain trades a larger pool (its largest
+segment's training graph) for fewer boundaries and reruns; its store-all
+schedule runs each segment's forward twice (one extra forward), so the union of
+the chains' curves reaches recompute 1.0 where the finest chain alone starts at
+about 1.8.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
+from dataclasses import replace
 
 import numpy as np
 
 from ..analysis import Analysis
 from ..errors import PlanError
-from ..graph import Graph
-from ..segments import SegmentPlan, Segments, Tree, make_segment_plan
-from .common import MAX_SEGMENTS, segment_chain
+from ..segments import (
+    SegmentPlan,
+    Tree,
+    build_segments,
+    dry_run,
+    make_segment_plan,
+    store_all_tree,
+)
+from .common import MAX_SEGMENTS, candidates, segment_chain
 
 LEVELS = 64
+BUDGET_CELLS = 4e6  # a budget's table on a short chain: m^2 x levels
+GRID_STEPS, GRID_SPREAD = 9, 8.0  # Algorithm 3's grid for the coarse chains (as the front's)
 
 
 class Table:
@@ -99,26 +117,58 @@ def table_for(sp: SegmentPlan, top_bytes: int, levels: int = LEVELS) -> Table:
     return Table([s.flops for s in sg.segments], states, unit, levels)
 
 
-def curve(a: Analysis, levels: int = LEVELS, max_segments: int = MAX_SEGMENTS):
-    """(planned bytes, recompute ratio, plan) over every memory level, exact by dry run."""
-    graph = a.graph
-    sp = segment_chain(a, max_segments)
+_chains: weakref.WeakKeyDictionary[Analysis, dict[int, list[SegmentPlan]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def chains(a: Analysis, max_segments: int = MAX_SEGMENTS) -> list[SegmentPlan]:
+    """The chains the DP runs over, each with its binary tree: the finest first (the
+    ``recursive`` plan), then Algorithm 3's coarser cut sets; computed once per Analysis."""
+    found = _chains.get(a, {}).get(max_segments)
+    if found is not None:
+        return found
+    fine = segment_chain(a, max_segments)
+    out, seen = [fine], {tuple(fine.segments.cuts)}
+    for c in candidates(a, steps=GRID_STEPS, spread=GRID_SPREAD):
+        sg = build_segments(a.graph, [cut.pos for cut in c.cuts])
+        if sg.m < 2 or tuple(sg.cuts) in seen or sg.m > max_segments:
+            continue
+        seen.add(tuple(sg.cuts))
+        out.append(make_segment_plan(a.graph, sg.cuts, sg=sg))
+    _chains.setdefault(a, {})[max_segments] = out
+    return out
+
+
+def recompute_of(p: SegmentPlan) -> float:
+    """Extra forward FLOPs / forward FLOPs of a segmented plan's schedule."""
+    total = sum(s.flops for s in p.segments.segments) or 1.0
+    return (p.dry.forward_flops - total) / total
+
+
+def _with_tree(sp: SegmentPlan, tree: Tree) -> SegmentPlan:
+    """The chain's plan under another tree: only the dry run changes (pool, slots, masks
+    and outputs depend on the segments alone)."""
+    return replace(sp, tree=tree, dry=dry_run(sp.segments, tree))
+
+
+def chain_curve(a: Analysis, sp: SegmentPlan, levels: int = LEVELS):
+    """(planned bytes, recompute ratio, plan) of one chain over every memory level, exact
+    by dry run; the chain's binary recursion first."""
     sg = sp.segments
     states = [sg.state_bytes(i) for i in range(sg.m + 1)]
-    top = sum(states)
     # memory is discretised into `levels` steps of top/levels: several scales, so that the
     # small budgets are not rounded to a few coarse steps
-    tops, t = [], top
+    tops, t = [], sum(states)
     while t > 2 * max(states):
         tops.append(t)
         t /= 8
     tops.append(2 * max(states))
-    out = [(sp.planned_bytes, (sp.dry.forward_flops - sum(s.flops for s in sg.segments))
-            / (sum(s.flops for s in sg.segments) or 1.0), sp)]  # the binary recursion
-    seen = {tuple(sorted(sp.tree.items()))}
+    every = _with_tree(sp, store_all_tree(sg.m))  # levels round it away on long chains
+    out = [(sp.planned_bytes, recompute_of(sp), sp), (every.planned_bytes, recompute_of(every),
+                                                       every)]
+    seen = {tuple(sorted(sp.tree.items())), tuple(sorted(every.tree.items()))}
     for t in tops:
         table = table_for(sp, t, levels)
-        F = table.total_flops or 1.0
         for level in range(levels + 1):
             if not math.isfinite(table.best(level)):
                 continue
@@ -127,45 +177,63 @@ def curve(a: Analysis, levels: int = LEVELS, max_segments: int = MAX_SEGMENTS):
             if key in seen:
                 continue
             seen.add(key)
-            p = make_segment_plan(graph, sg.cuts, tree, sg=sg,
-                                  mem=(sp.template_bytes, sp.template_blocks))
-            out.append((p.planned_bytes, (p.dry.forward_flops - F) / F, p))
+            p = _with_tree(sp, tree)
+            out.append((p.planned_bytes, recompute_of(p), p))
     return out
 
 
+def curve(a: Analysis, levels: int = LEVELS, max_segments: int = MAX_SEGMENTS):
+    """(planned bytes, recompute ratio, plan) of every chain over every memory level; the
+    first is the finest chain's binary recursion (the ``recursive`` plan)."""
+    return [pt for sp in chains(a, max_segments) for pt in chain_curve(a, sp, levels)]
+
+
 def plan_for_budget(a: Analysis, budget_bytes: int) -> SegmentPlan:
-    """The least-recompute segmented plan whose planned bytes fit; PlanError if none."""
-    graph = a.graph
-    sp = segment_chain(a, MAX_SEGMENTS)
+    """The least-recompute segmented plan over every chain whose planned bytes fit;
+    PlanError naming the smallest reachable figure if none does."""
+    fits = [p for sp in chains(a) if (p := _chain_for_budget(a, sp, budget_bytes))]
+    if fits:
+        return min(fits, key=lambda p: (recompute_of(p), p.planned_bytes))
+    low = min((_smallest(a, sp) for sp in chains(a)), key=lambda p: p.planned_bytes)
+    raise PlanError(f"budget {budget_bytes / 2**20:.0f} MB is below the smallest planned "
+                    f"memory reachable even with several recomputations per node "
+                    f"({low.planned_bytes / 2**20:.0f} MB); raise the budget")
+
+
+def _chain_for_budget(a: Analysis, sp: SegmentPlan, budget_bytes: int) -> SegmentPlan | None:
+    """One chain's least-recompute plan that fits, or None. Store-all (every segment's
+    forward twice) is the least any tree on the chain recomputes; below it, the highest
+    memory level of a table sized to the budget whose exact plan fits (bisected: a higher
+    level allows more kept states, so more bytes)."""
     sg = sp.segments
-    fixed = fixed_bytes(sp)
-    grad_allowance = 2 * max((sg.state_bytes(i) for i in range(sg.m + 1)), default=0)
-    avail = budget_bytes - fixed - grad_allowance
-    smallest = _smallest(graph, sg, sp)
-    if avail <= 0 or smallest.planned_bytes > budget_bytes:
-        raise PlanError(f"budget {budget_bytes / 2**20:.0f} MB is below the smallest planned "
-                        f"memory reachable even with several recomputations per node "
-                        f"({smallest.planned_bytes / 2**20:.0f} MB); raise the budget")
-    table = table_for(sp, avail)
+    every = _with_tree(sp, store_all_tree(sg.m))
+    if every.planned_bytes <= budget_bytes:
+        return every
+    avail = budget_bytes - fixed_bytes(sp)
     best = None
-    for level in range(table.levels, -1, -1):
-        if not math.isfinite(table.best(level)):
-            break
-        p = make_segment_plan(graph, sg.cuts, table.tree(level), sg=sg,
-                              mem=(sp.template_bytes, sp.template_blocks))
-        if p.planned_bytes <= budget_bytes:
-            best = p
-            break
-    return best or smallest
+    if avail > 0:
+        # as many levels as a table of about BUDGET_CELLS cells allows (it costs m^2 x
+        # levels): short chains get fine levels, so rounding loses little
+        levels = int(min(16 * LEVELS, max(LEVELS, BUDGET_CELLS / sg.m**2)))
+        table = table_for(sp, avail, levels)
+        lo, hi = table.min_level(), table.levels
+        while lo is not None and lo <= hi:
+            mid = (lo + hi) // 2
+            p = _with_tree(sp, table.tree(mid))
+            if p.planned_bytes <= budget_bytes:
+                best, lo = p, mid + 1
+            else:
+                hi = mid - 1
+    low = _smallest(a, sp) if best is None else best
+    return low if low.planned_bytes <= budget_bytes else None
 
 
-def _smallest(graph: Graph, sg: Segments, sp: SegmentPlan) -> SegmentPlan:
-    """The least-memory schedule the DP finds (lowest feasible level)."""
-    top = sum(sg.state_bytes(i) for i in range(sg.m + 1))
-    table = table_for(sp, top)
+def _smallest(a: Analysis, sp: SegmentPlan) -> SegmentPlan:
+    """The least-memory schedule the DP finds on one chain (lowest feasible level)."""
+    sg = sp.segments
+    table = table_for(sp, sum(sg.state_bytes(i) for i in range(sg.m + 1)))
     level = table.min_level()
     cands = [sp]
     if level is not None:
-        cands.append(make_segment_plan(graph, sg.cuts, table.tree(level), sg=sg,
-                                       mem=(sp.template_bytes, sp.template_blocks)))
+        cands.append(_with_tree(sp, table.tree(level)))
     return min(cands, key=lambda p: (p.planned_bytes, p.dry.forward_flops))

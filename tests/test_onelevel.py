@@ -1,0 +1,150 @@
+"""One extra forward on the segmented executor: the multi-level DP over several chains.
+
+The finest chain's DP starts at about 1.8 extra forwards; Algorithm 3's coarser chains
+(planners.dp.chains) reach 1.0 (store-all: every segment's forward twice) and fill the
+range between. Checked: the curve reaches recompute <= 1.0, the budget answer is monotone
+with no budget between the recursive and the store-all figure left without a plan, and
+the plans of coarse chains (store-all and a deeper DP tree) train exactly like MXNet:
+bitwise against the graph with plain layout at the cuts (MKL-DNN on, see
+test_segmented_users) and against the unchanged graph in a child with MKL-DNN off.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+import pytest
+from test_segmented_users import _equal, plain_at_cuts
+
+from mxmirror.api import prepare
+from mxmirror.executor import SegmentedExecutor
+from mxmirror.planners import dp
+from symbols.lstm import input_shapes, paper_lstm
+from symbols.resnet import resnet_by_depth
+
+ROOT = Path(__file__).resolve().parents[1]
+MKLDNN = os.environ.get("MXNET_MKLDNN_ENABLED") != "0"
+STEPS, LR = 2, 0.05
+
+
+def _nets():
+    lstm = paper_lstm(8, num_layers=2, num_hidden=16, num_embed=16, input_size=12,
+                      num_classes=10, dropout=0.5)
+    resnet = resnet_by_depth(20, bottleneck=False, num_classes=10, image_shape=(3, 32, 32))
+    return {"lstm": (lstm, input_shapes(8, 4, num_layers=2, num_hidden=16, input_size=12)),
+            "resnet": (resnet, {"data": (4, 3, 32, 32), "softmax_label": (4,)})}
+
+
+@pytest.fixture(scope="module", params=["lstm", "resnet"])
+def net(request):
+    sym, shapes = _nets()[request.param]
+    return request.param, sym, shapes, prepare(sym, **shapes)
+
+
+def _curve_ends(prep):
+    """The recursive plan's bytes and the least bytes of a store-all plan on any chain."""
+    every = [dp.chain_curve(prep.analysis, sp)[1][2] for sp in dp.chains(prep.analysis)]
+    assert all(max(p.dry.runs) == 2 for p in every)
+    return prep.own_plan("recursive").planned_bytes, min(p.planned_bytes for p in every)
+
+
+def test_curve_reaches_one_recompute(net) -> None:
+    _, _, _, prep = net
+    a = prep.analysis
+    chains = dp.chains(a)
+    assert len(chains) > 1 and chains[0].segments.m > max(c.segments.m for c in chains[1:])
+    pts = dp.curve(a)
+    rec = prep.own_plan("recursive")
+    assert (pts[0][0], pts[0][1]) == (rec.planned_bytes, rec.recompute_ratio)  # unchanged
+    assert min(r for _, r, _ in pts) <= 1.0  # store-all schedules
+    assert {id(p.segments) for _, _, p in pts} == {id(c.segments) for c in chains}
+
+
+def test_budget_monotone_no_holes(net) -> None:
+    """Every budget from the recursive figure up to the smallest store-all plan gets a plan
+    that fits, recompute never rises with the budget, and it ends at one extra forward."""
+    _, _, _, prep = net
+    a = prep.analysis
+    low, high = _curve_ends(prep)
+    assert low < high
+    budgets = [int(low * (high / low) ** (k / 12)) for k in range(13)]
+    plans = [dp.plan_for_budget(a, b) for b in budgets]
+    assert all(p.planned_bytes <= b for p, b in zip(plans, budgets))
+    ratios = [dp.recompute_of(p) for p in plans]
+    assert all(x >= y - 1e-12 for x, y in zip(ratios, ratios[1:]))
+    assert ratios[-1] <= 1.0 < ratios[0]
+    finest = dp._chain_for_budget(a, dp.chains(a)[0], high)
+    assert finest is None or dp.recompute_of(finest) > ratios[-1]  # coarse chains help
+
+
+def _coarse_plans(prep):
+    """A coarse chain's store-all plan and the tightest DP schedule on that chain."""
+    a = prep.analysis
+    sp = next(c for c in dp.chains(a)[1:] if c.segments.m >= 4)
+    every = dp.chain_curve(a, sp)[1][2]
+    tight = dp._smallest(a, sp)
+    assert max(every.dry.runs) == 2 and max(tight.dry.runs) >= 3
+    return [every, tight]
+
+
+def _fill(sym, shapes, exs, seed=0):
+    rng = np.random.RandomState(seed)
+    ref = exs[0]
+    for k, v in ref.arg_dict.items():
+        val = rng.randint(0, 10, v.shape) if k.endswith("label") else \
+            rng.uniform(-0.5, 0.5, v.shape)
+        for e in exs:
+            e.arg_dict[k][:] = val
+    for k, v in ref.aux_dict.items():
+        val = rng.uniform(0.5, 1.5, v.shape) if "var" in k else rng.uniform(-.1, .1, v.shape)
+        for e in exs:
+            e.aux_dict[k][:] = val
+
+
+def _same(a: dict, b: dict, what: str, shared: bool) -> None:
+    bad = [k for k in a if a[k] is not None and not _equal(a[k].asnumpy(), b[k].asnumpy(),
+                                                           shared)]
+    assert not bad, f"{what} differ: {bad[:5]}"
+
+
+def test_coarse_schedules_train_like_mxnet(net) -> None:
+    name, sym, shapes, prep = net
+    req = {a: ("null" if a in shapes else "write") for a in sym.list_arguments()}
+    shared = name == "lstm"  # weights read by every step: sums in another order (4 ulp)
+    for sp in _coarse_plans(prep):
+        ref_sym = plain_at_cuts(sym, sp) if MKLDNN else sym
+        ref = ref_sym.simple_bind(mx.cpu(), grad_req=req, **shapes)
+        ex = SegmentedExecutor(sym, mx.cpu(), sp)
+        _fill(sym, shapes, [ref, ex])
+        for step in range(STEPS):
+            for e in (ref, ex):
+                mx.random.seed(11 + step)  # the same Dropout masks in both
+                e.forward(is_train=True)
+                e.backward()
+            mx.nd.waitall()
+            for a, b in zip(ref.outputs, ex.outputs):
+                assert _equal(a.asnumpy(), b.asnumpy())
+            _same(ref.grad_dict, ex.grad_dict, f"gradients at step {step}", shared)
+            _same(ref.aux_dict, ex.aux_dict, f"aux states at step {step}", False)
+            for k, g in ref.grad_dict.items():
+                if g is not None:
+                    ref.arg_dict[k][:] -= LR * g
+                    ex.arg_dict[k][:] -= LR * ex.grad_dict[k]
+        assert ex.peak_kept_bytes == sp.dry.peak_bytes
+
+
+def test_without_mkldnn() -> None:
+    """The same schedules bit-identical to the unchanged graph with MKL-DNN off (child)."""
+    if not MKLDNN:
+        pytest.skip("already the child")
+    env = dict(os.environ, MXNET_MKLDNN_ENABLED="0", MXNET_SUBGRAPH_VERBOSE="0")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:warnings",
+                           __file__, "-k", "train_like_mxnet"], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "2 passed" in proc.stdout
