@@ -104,6 +104,42 @@ def store_all_plans(a):
     return out
 
 
+def slot_split(sp) -> dict[str, float]:
+    """segments.staging_bytes split by role (MB): parameter copies of repeated templates,
+    parameter-gradient slots (a segment's gradient, added into the user's array), boundary
+    slots (values, their gradients, gradient inputs, masks), BatchNorm statistics."""
+    from math import prod
+
+    from mxmirror.segments import _itemsize
+
+    sg = sp.segments
+    shared: dict[str, tuple[str, int]] = {}
+    copies, seen = 0, set()
+    for seg in sg.segments:
+        shapes, types, req = (sg.slot_shapes[seg.key], sg.slot_types[seg.key],
+                              sg.slot_req[seg.key])
+        for name, key in seg.slots:
+            if key[0] == "aux":
+                shared[name] = ("statistics", 0)
+                continue
+            b = prod(shapes[name]) * _itemsize(types[name])
+            if key[0] == "arg":
+                copies += b if seg.key not in seen and (seg.key, name) not in sg.user_slots \
+                    else 0
+            else:
+                shared[name] = ("boundary", max(shared.get(name, ("", 0))[1], b))
+            if req.get(name) != "null":
+                role = "parameter gradients" if key[0] == "arg" else "boundary"
+                g = "grad of " + name
+                shared[g] = (role, max(shared.get(g, ("", 0))[1], b))
+        seen.add(seg.key)
+    out = {"parameter copies": copies, "parameter gradients": 0, "boundary": 0}
+    for role, b in shared.values():
+        out[role] = out.get(role, 0) + b
+    out["statistics"] = sp.staging_bytes - sum(out.values())
+    return {k: v / MB for k, v in out.items()}
+
+
 def run(name: str, title: str, quick: bool) -> dict:
     from mxmirror.api import prepare
     from mxmirror.measure import measure
@@ -132,7 +168,8 @@ def run(name: str, title: str, quick: bool) -> dict:
     measured = measure(best, prep.source_json)
     res["segmented"] = {"label": label, "recompute": dp.recompute_of(best),
                         "segments": best.segments.m, "templates": len(best.template_bytes),
-                        "bind_seconds": time.perf_counter() - t, **measured}
+                        "bind_seconds": time.perf_counter() - t, "slots_mb": slot_split(best),
+                        **measured}
     print(f"{title}: segmented {res['segmented']}", flush=True)
     res["memonger"] = memonger_mb(name, quick)
     print(f"{title}: memonger {res['memonger']}", flush=True)
@@ -173,7 +210,9 @@ def write(results: list[dict], out: Path, argv: list[str]) -> None:
                   "| part | measured MB | predicted MB |", "|---|---:|---:|"]
         for part, v in sg["measured_mb"].items():
             lines.append(f"| {part} | {v:.1f} | {sg['predicted_mb'][part]:.1f} |")
-        lines += ["", f"MXNet's own figure per template (each drawn from the pool): "
+        lines += ["", "Slots by role (predicted MB): " + ", ".join(
+            f"{k} {v:.1f}" for k, v in sg["slots_mb"].items()) + ".",
+                  "", f"MXNet's own figure per template (each drawn from the pool): "
                       f"{sg['template_mxnet_mb']} MB.", "",
                   "Every store-all schedule considered (predicted, simulator; "
                   f"{r['store_all_seconds']:.1f} s to build them all):", "",
