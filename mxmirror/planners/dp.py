@@ -151,18 +151,18 @@ def _with_tree(sp: SegmentPlan, tree: Tree) -> SegmentPlan:
     return replace(sp, tree=tree, dry=dry_run(sp.segments, tree))
 
 
-def chain_curve(a: Analysis, sp: SegmentPlan, levels: int = LEVELS):
+def chain_curve(a: Analysis, sp: SegmentPlan, levels: int = LEVELS, scales: bool = True):
     """(planned bytes, recompute ratio, plan) of one chain over every memory level, exact
-    by dry run; the chain's binary recursion first."""
+    by dry run; the chain's binary recursion first, then its store-all schedule."""
     sg = sp.segments
     states = [sg.state_bytes(i) for i in range(sg.m + 1)]
     # memory is discretised into `levels` steps of top/levels: several scales, so that the
-    # small budgets are not rounded to a few coarse steps
+    # small budgets are not rounded to a few coarse steps (`scales`)
     tops, t = [], sum(states)
-    while t > 2 * max(states):
+    while scales and t > 2 * max(states):
         tops.append(t)
         t /= 8
-    tops.append(2 * max(states))
+    tops.append(2 * max(states) if scales else t)
     every = _with_tree(sp, store_all_tree(sg.m))  # levels round it away on long chains
     out = [(sp.planned_bytes, recompute_of(sp), sp), (every.planned_bytes, recompute_of(every),
                                                        every)]
@@ -184,8 +184,12 @@ def chain_curve(a: Analysis, sp: SegmentPlan, levels: int = LEVELS):
 
 def curve(a: Analysis, levels: int = LEVELS, max_segments: int = MAX_SEGMENTS):
     """(planned bytes, recompute ratio, plan) of every chain over every memory level; the
-    first is the finest chain's binary recursion (the ``recursive`` plan)."""
-    return [pt for sp in chains(a, max_segments) for pt in chain_curve(a, sp, levels)]
+    first is the finest chain's binary recursion (the ``recursive`` plan). The coarse chains
+    at one scale only: at the small budgets that finer scales resolve, the finest chain's
+    smaller pool wins (and each scale costs a table of m^2 x levels)."""
+    fine, *coarse = chains(a, max_segments)
+    return chain_curve(a, fine, levels) + [pt for sp in coarse
+                                           for pt in chain_curve(a, sp, levels, False)]
 
 
 def plan_for_budget(a: Analysis, budget_bytes: int) -> SegmentPlan:
