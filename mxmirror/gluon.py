@@ -360,7 +360,8 @@ def install(state: Callable[[], tuple[str | None, Any]]) -> None:
     def call(self, *args, **kwargs):
         policy, budget = state()
         if policy in (None, "none") or getattr(_depth, "inside", False) \
-                or not mx.autograd.is_recording() or not mx.autograd.is_training():
+                or not mx.autograd.is_recording() or not mx.autograd.is_training() \
+                or any(isinstance(a, mx.sym.Symbol) for a in args):  # a graph being traced
             return original(self, *args, **kwargs)
         if not self._active:  # its hybridized children may still be planned
             if self not in _reported and not getattr(_depth, "quiet", False):

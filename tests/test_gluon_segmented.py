@@ -210,3 +210,43 @@ def test_mkldnn_off_bit_identical():
     done = subprocess.run([sys.executable, "-c", code, str(ROOT)], env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+class OptionalInput(gluon.HybridBlock):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(3)
+
+    def hybrid_forward(self, F, x, y=None):
+        return self.dense(x) if y is None else self.dense(x + y)
+
+
+def test_hook_trains_unsupported_inputs_unplanned(caplog):
+    """Under enabled(), a call PlannedBlock cannot take (here a None input) is trained by
+    the block itself, said once."""
+    import mxmirror
+
+    caplog.set_level(logging.INFO, logger="mxmirror")
+    logger = logging.getLogger("mxmirror")
+    logger.addHandler(caplog.handler)
+    grads = []
+    try:
+        for hooked in (True, False):
+            mx.random.seed(0)
+            net = OptionalInput()
+            net.initialize()
+            net.hybridize()
+            x = mx.nd.ones((2, 4))
+            with mxmirror.enabled("sqrt" if hooked else "none"):
+                for _ in range(2):
+                    with autograd.record():
+                        out = net(x, None)
+                    out.backward()
+            grads.append(net.dense.weight.grad().asnumpy())
+    finally:
+        logger.removeHandler(caplog.handler)
+    np.testing.assert_array_equal(grads[0], grads[1])
+    lines = {r.getMessage() for r in caplog.records if "gluon" in r.getMessage()}
+    assert lines == {"mxmirror: gluon optionalinput0 trained unplanned: PlannedBlock takes "
+                     "positional NDArray inputs on one context; input 1 is NoneType"}, lines
