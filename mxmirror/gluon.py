@@ -8,6 +8,11 @@ each call on autograd's tape as one custom function of the Parameters and the in
 whose backward runs the executor's backward. autograd then writes the Parameters'
 gradients with their own grad_req and marks them fresh, exactly as for any recorded op,
 so an unchanged ``gluon.Trainer`` trains the block.
+
+The backward runs on MXNet's custom-operator thread inside an asynchronous engine op that
+completes only after it, so nothing there may wait for the engine: the executor (MXNet's
+or the segmented one) only ever runs training forwards, from the caller's thread, which
+is the one place the segmented executor waits (when its mode changes).
 """
 
 from __future__ import annotations
@@ -58,12 +63,18 @@ class PlannedBlock(_mx().gluon.Block):
         self._bound: dict[tuple, _Bound] = {}
         self._lock = threading.Lock()
 
+    def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
+        if kwargs:  # Block.__call__ takes none: say what is supported instead of a TypeError
+            _check_inputs(inputs, kwargs)
+        return super().__call__(*inputs)
+
     def forward(self, *inputs: Any) -> Any:
         mx = _mx()
-        if not mx.autograd.is_recording():
+        if not mx.autograd.is_recording() or not mx.autograd.is_training():
+            # inference, or a recording in predict mode (gradients of an inference pass):
+            # the block itself, so a planned executor only ever runs training forwards
             return self.block(*inputs)
-        if not inputs or not all(isinstance(x, mx.nd.NDArray) for x in inputs):
-            raise PlanError("PlannedBlock takes NDArray inputs only")
+        _check_inputs(inputs, {})
         return self.bound(inputs).run(inputs)
 
     def bound(self, inputs: tuple) -> _Bound:
@@ -76,6 +87,15 @@ class PlannedBlock(_mx().gluon.Block):
         key = (str(ctx), tuple((x.shape, _dtype(x.dtype)) for x in inputs), input_reqs,
                tuple((n, p.grad_req, _dtype(p.dtype)) for n, p in sorted(params.items())))
         with self._lock:
+            # one recorded call per context until backward() reaches it: a second one on the
+            # same Parameter arrays (executor or CachedOp) stalls MXNet 1.9.1's engine in
+            # backward (measured; docs/gluon.md)
+            if not all(b.free() for k, b in self._bound.items() if k[0] == key[0]):
+                raise PlanError(
+                    f"PlannedBlock {self.block.name} was called again before backward() "
+                    f"reached its previous call on {ctx} (a siamese network, or outputs of an "
+                    f"earlier record() kept without backward()); not supported: call "
+                    f"backward() between the calls, or train this block unplanned")
             found = self._bound.get(key)
             if found is not None and found.current(params, ctx):
                 return found
@@ -146,6 +166,10 @@ class _Bound:
                                              types, shapes)
         self.input_grads = [self.exec.grad_dict.get(n) for n in names]
         self.param_grads = [self.exec.grad_dict[n] for n, _ in self.trained]
+        # an extra input of every recorded call: autograd marks its gradient fresh when a
+        # backward() that reaches the call starts (Imperative::Backward, synchronously)
+        self.probe = mx.nd.zeros((1,), ctx)
+        self.probe.attach_grad()
         self.done = threading.Event()  # set once the last recorded call's backward is queued
         self.done.set()  # (or its tape is gone without one); one Event per recorded call
 
@@ -153,23 +177,31 @@ class _Bound:
         """Still bound to the Parameters' own aux arrays (cast or reset_ctx replace them)."""
         return all(params[n].data(ctx) is a for n, a in self.aux.items())
 
+    def free(self) -> bool:
+        """No recorded call of this executor still needs its state. When backward() has
+        reached its last call, wait until autograd's thread has queued that backward."""
+        if self.done.is_set():
+            return True
+        if not self.probe._fresh_grad:
+            return False  # recorded, no backward yet: another call in the same record()
+        if not self.done.wait(timeout=5):
+            _mx().nd.waitall()  # raises what failed upstream, if anything did
+            if not self.done.is_set():
+                raise PlanError("the backward of a PlannedBlock call never ran (MXNet "
+                                "skipped it); the next call cannot reuse its executor")
+        return True
+
     def run(self, inputs: tuple) -> Any:
         mx = _mx()
-        # autograd runs the previous call's backward on its own thread: let it queue its
-        # work on this executor before the next forward overwrites what it reads
-        if not self.done.wait(timeout=60):
-            raise PlanError("a PlannedBlock was called twice on the same shapes inside one "
-                            "autograd.record() before backward(); call backward() (or leave "
-                            "record()) between the calls")
-        is_train = mx.autograd.is_training()
-        with mx.autograd.pause(train_mode=is_train):
+        with mx.autograd.pause(train_mode=True):
             for arr, p in self.weights:
                 p.data(self.ctx).copyto(arr)
             for name, x in zip(self.names, inputs):
                 x.copyto(self.exec.arg_dict[name])
-            self.exec.forward(is_train=is_train)
+            self.exec.forward(is_train=True)
             outputs = [o.copy() for o in self.exec.outputs]
-        tape_inputs = [p.data(self.ctx) for _, p in self.trained] + list(inputs)
+        self.probe._fresh_grad = False
+        tape_inputs = [p.data(self.ctx) for _, p in self.trained] + list(inputs) + [self.probe]
         done = self.done = threading.Event()
         _record(tape_inputs, outputs, lambda *grads: self._backward(done, *grads), done.set)
         return _regroup(outputs, self.fmt)
@@ -177,14 +209,15 @@ class _Bound:
     def _backward(self, done: threading.Event, out_grads: list, in_grads: list,
                   reqs: list) -> None:
         try:
-            self.exec.backward(out_grads=out_grads)
-            for dst, req, src in zip(in_grads, reqs, self.param_grads + self.input_grads):
-                if req == "null" or src is None:
-                    continue
-                if req == "add":
-                    dst[:] += src
-                else:
-                    dst[:] = src
+            with _one_backward:
+                self.exec.backward(out_grads=out_grads)
+                for dst, req, src in zip(in_grads, reqs, self.param_grads + self.input_grads):
+                    if req == "null" or src is None:
+                        continue
+                    if req == "add":
+                        dst[:] += src
+                    else:
+                        dst[:] = src
         finally:
             done.set()
 
@@ -193,21 +226,32 @@ def _bind_planned(owner: PlannedBlock, symbol: Any, ctx: Any, args: dict, grads:
                   reqs: dict, aux: dict, types: dict, shapes: dict) -> tuple[Any, Any]:
     """The plan (None for policy none) and its executor bound on the given arrays."""
     kw = dict(args=args, args_grad=grads, grad_req=reqs, aux_states=aux)
+    where = f"mxmirror: gluon {owner.block.name} {_shapes(shapes)}"
     if owner.policy == "none":
-        log.info(f"mxmirror: gluon {owner.block.name} {_shapes(shapes)} policy=none "
-                 f"(unplanned executor)")
+        log.info(f"{where} policy=none (unplanned executor)")
         return None, order_aux_updates(unhooked("bind")(symbol, ctx, **kw))
     p = plan(symbol, policy=owner.policy, budget=owner.budget, type_dict=types,
              grad_req=reqs, **shapes)
-    log.info(f"mxmirror: gluon {owner.block.name} {_shapes(shapes)} "
-             + p.summary().replace("mxmirror: ", ""))
-    if p.execution.kind == "segmented":
-        # SegmentedExecutor.backward calls mx.nd.waitall() (its BatchNorm workaround), which
-        # never returns inside autograd's backward: the engine waits for this very callback
-        raise PlanError(f"policy {owner.policy!r} runs on the segmented executor, which "
-                        f"cannot run inside autograd's backward yet; use none, cheap, sqrt, "
-                        f"optimal or budget with PlannedBlock")
+    log.info("; ".join([f"{where} " + p.summary().replace("mxmirror: ", ""), *p.notes]))
     return p, p.bind(ctx, symbol=symbol, **kw)
+
+
+def _check_inputs(inputs: tuple, kwargs: dict) -> None:
+    """What a recorded call can take: positional NDArrays on one context."""
+    mx = _mx()
+    supported = "PlannedBlock takes positional NDArray inputs on one context"
+    if kwargs:
+        raise PlanError(f"{supported}; got keyword argument(s) {', '.join(sorted(kwargs))}")
+    if not inputs:
+        raise PlanError(f"{supported}; got none")
+    for i, x in enumerate(inputs):
+        if not isinstance(x, mx.nd.NDArray):
+            raise PlanError(f"{supported}; input {i} is {type(x).__name__}")
+        if isinstance(x, mx.nd.sparse.BaseSparseNDArray):
+            raise PlanError(f"{supported}; input {i} is sparse ({x.stype})")
+    contexts = sorted({str(x.context) for x in inputs})
+    if len(contexts) > 1:
+        raise PlanError(f"{supported}; got {', '.join(contexts)}")
 
 
 def _shapes(shapes: dict) -> str:
@@ -247,6 +291,7 @@ _BACKWARD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int,
                              ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int),
                              ctypes.c_int, ctypes.c_void_p)
 _DELETE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+_one_backward = threading.Lock()
 _alive: dict[int, Any] = {}  # callbacks autograd still holds, by record id
 _counter = [0]
 
@@ -314,9 +359,9 @@ def install(state: Callable[[], tuple[str | None, Any]]) -> None:
 
     def call(self, *args, **kwargs):
         policy, budget = state()
-        if policy in (None, "none") or getattr(_depth, "inside", False) or kwargs \
-                or not mx.autograd.is_recording() or not args \
-                or not isinstance(args[0], mx.nd.NDArray):
+        if policy in (None, "none") or getattr(_depth, "inside", False) \
+                or not mx.autograd.is_recording() or not mx.autograd.is_training() \
+                or any(isinstance(a, mx.sym.Symbol) for a in args):  # a graph being traced
             return original(self, *args, **kwargs)
         if not self._active:  # its hybridized children may still be planned
             if self not in _reported and not getattr(_depth, "quiet", False):
@@ -325,9 +370,16 @@ def install(state: Callable[[], tuple[str | None, Any]]) -> None:
                          f"unplanned (call .hybridize() to plan it)")
             quiet, _depth.quiet = getattr(_depth, "quiet", False), True
             try:
-                return original(self, *args)
+                return original(self, *args, **kwargs)
             finally:
                 _depth.quiet = quiet
+        try:
+            _check_inputs(args, kwargs)
+        except PlanError as e:
+            if self not in _reported and not getattr(_depth, "quiet", False):
+                _reported.add(self)
+                log.info(f"mxmirror: gluon {self.name} trained unplanned: {e}")
+            return original(self, *args, **kwargs)
         planned = _planned.get(self)
         if planned is None or (planned.policy, planned.budget) != (policy, budget):
             planned = _planned[self] = PlannedBlock(self, policy, budget)

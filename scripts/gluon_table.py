@@ -87,33 +87,44 @@ def memory_rows(networks: list[str], policies: list[str], batch: int) -> list[st
     return rows
 
 
-def child(name: str, mode: str, batch: int, steps: int) -> None:
-    """Train `steps` Trainer steps; print peak RSS and step times as JSON."""
+def timed_steps(net, mode: str, x, y, steps: int) -> tuple:
+    """`steps` Trainer steps (SGD with momentum) of the initialized, hybridized `net`, plain
+    (mode "plain") or through PlannedBlock(policy=mode): what ran it, and the wall and
+    process CPU seconds of each step."""
     import mxnet as mx
     from mxnet import autograd, gluon
 
     from mxmirror.gluon import PlannedBlock
 
-    mx.random.seed(0)
-    net = model(name)
-    net.initialize(mx.init.Xavier())
-    net.hybridize()
     run = net if mode == "plain" else PlannedBlock(net, policy=mode)
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01,
                                                           "momentum": 0.9})
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    size = image_size(name)
-    x = mx.nd.random.uniform(shape=(batch, 3, size, size))
-    y = mx.nd.array([i % 1000 for i in range(batch)])
-    times = []
+    wall, cpu = [], []
     for _ in range(steps):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         with autograd.record():
             loss = loss_fn(run(x), y)
         loss.backward()
-        trainer.step(batch)
+        trainer.step(x.shape[0])
         mx.nd.waitall()
-        times.append(time.perf_counter() - t)
+        wall.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    return run, wall, cpu
+
+
+def child(name: str, mode: str, batch: int, steps: int) -> None:
+    """Train `steps` Trainer steps; print peak RSS and step times as JSON."""
+    import mxnet as mx
+
+    mx.random.seed(0)
+    net = model(name)
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    size = image_size(name)
+    x = mx.nd.random.uniform(shape=(batch, 3, size, size))
+    y = mx.nd.array([i % 1000 for i in range(batch)])
+    _, times, _ = timed_steps(net, mode, x, y, steps)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"peak_rss_mb": rss, "step_seconds": times}))
 

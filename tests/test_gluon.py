@@ -92,19 +92,22 @@ def budget_for(net, shape):
 
 
 def train(make, policy=None, steps=3, ctxs=None, grad_req="write", dtype="float32",
-          input_grad=False, batch=2, seed=None, budget=None, read_grads=True):
+          input_grad=False, batch=2, seed=None, budget=None, read_grads=True, size=32,
+          by_name=False):
     """Every array a user can read after `steps` Trainer steps: gradients (at each step),
-    parameters with BatchNorm statistics, outputs, losses and input gradients."""
+    parameters with BatchNorm statistics, outputs, losses and input gradients (parameters
+    keyed by position, or by name for blocks that list them in another order)."""
     ctxs = ctxs or (mx.cpu(0),)
     CTXS[:] = list(ctxs)
     net = make(dtype)
     net.hybridize()
-    net(mx.nd.zeros((batch, 3, 32, 32), ctx=ctxs[0], dtype=dtype))  # finish shapes
+    net(mx.nd.zeros((batch, 3, size, size), ctx=ctxs[0], dtype=dtype))  # finish shapes
     params = list(net.collect_params().values())
+    keys = [p.name if by_name else k for k, p in enumerate(params)]
     if grad_req != "write":
         net.collect_params().setattr("grad_req", grad_req)
     if policy == "budget" and budget is None:
-        budget = budget_for(net, (batch // len(ctxs), 3, 32, 32))
+        budget = budget_for(net, (batch // len(ctxs), 3, size, size))
     model = net if policy is None else PlannedBlock(net, policy=policy, budget=budget)
     trainer = gluon.Trainer(net.collect_params(), "sgd",
                             {"learning_rate": 0.01, "momentum": 0.9, "wd": 1e-4})
@@ -114,7 +117,7 @@ def train(make, policy=None, steps=3, ctxs=None, grad_req="write", dtype="float3
     if seed is not None:
         mx.random.seed(seed)
     for step in range(steps):
-        x = mx.nd.array(rs.rand(batch, 3, 32, 32), dtype=dtype)
+        x = mx.nd.array(rs.rand(batch, 3, size, size), dtype=dtype)
         y = mx.nd.array(rs.randint(0, 10, (batch,)), dtype=dtype)
         xs = gluon.utils.split_and_load(x, list(ctxs))
         ys = gluon.utils.split_and_load(y, list(ctxs))
@@ -130,7 +133,7 @@ def train(make, policy=None, steps=3, ctxs=None, grad_req="write", dtype="float3
             seen[f"loss{step}.{i}"] = lo
             if input_grad:
                 seen[f"dx{step}.{i}"] = xs[i].grad.asnumpy()
-        for k, p in enumerate(params):
+        for k, p in zip(keys, params):
             if p.grad_req != "null" and read_grads:
                 for c in ctxs:
                     seen[f"grad{step}.{k}.{c}"] = p.grad(c).asnumpy()
@@ -138,7 +141,7 @@ def train(make, policy=None, steps=3, ctxs=None, grad_req="write", dtype="float3
             trainer.step(batch)
             if grad_req == "add":
                 net.collect_params().zero_grad()
-    for k, p in enumerate(params):
+    for k, p in zip(keys, params):
         for c in ctxs:
             seen[f"value.{k}.{c}"] = p.data(c).asnumpy()
     return {k: v.asnumpy() if isinstance(v, mx.nd.NDArray) else v for k, v in seen.items()}
@@ -285,17 +288,16 @@ def test_hook_leaves_unhybridized_blocks_alone(caplog):
     assert len(lines) == 1 and "not hybridized" in lines[0]
 
 
-def test_recursive_trains_like_plain_or_is_refused(plain_resnet):
+def test_recursive_on_a_small_resnet_trains_like_plain(plain_resnet):
     """recursive runs on MXNet's own executor when its segmented plan would not be better
-    (then it trains exactly like plain); a segmented plan is refused with the reason."""
+    (the never-worse rule), and then trains exactly like plain hybridized Gluon; the
+    segmented executor inside PlannedBlock: tests/test_gluon_segmented.py."""
     CTXS[:] = [mx.cpu(0)]
     sym = resnet()(mx.sym.var("data"))
-    kind = mxmirror.plan(sym, "recursive", data=(2, 3, 32, 32)).execution.kind
-    if kind == "mirror":
-        assert_same(train(resnet, "recursive"), plain_resnet)
-    else:
-        with pytest.raises(PlanError, match="segmented executor"):
-            train(resnet, "recursive")
+    req = {a: ("null" if a == "data" else "write") for a in sym.list_arguments()}
+    assert mxmirror.plan(sym, "recursive", grad_req=req,
+                         data=(2, 3, 32, 32)).execution.kind == "mirror"
+    assert_same(train(resnet, "recursive"), plain_resnet)
 
 
 def test_bad_input():
