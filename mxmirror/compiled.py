@@ -17,6 +17,8 @@ order, the same reads and, through ``memory.simulate_flat``, the same figure as
 
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 
 from . import memory, ops
@@ -294,11 +296,10 @@ class CompiledTraining:
         n_entries = len(self.esize)
         ins = np.concatenate((np.arange(n_entries), read))[self._index_map].tolist()
         made_copies = [copy[g] for g in made]
-        sw = [self.copy_switches[c] for c in made_copies]
-        entries = [self.copy_entries[c] for c in made_copies]
-        readers = np.concatenate([read[self._counted],
-                                  read[np.fromiter((e for x in sw for e in x), np.int64)],
-                                  np.fromiter((e for x in entries for e in x), np.int64)])
+        sw = chain.from_iterable(self.copy_switches[c] for c in made_copies)
+        entries = chain.from_iterable(self.copy_entries[c] for c in made_copies)
+        readers = np.concatenate([read[self._counted], read[np.fromiter(sw, np.int64)],
+                                  np.fromiter(entries, np.int64)])
         ref = (self._ref_static + np.bincount(readers, minlength=n_entries)).tolist()
         fg = memory.FlatGraph(order, self.facts, self.sizes, ins, self.in_start, self.base,
                               self.esize, self.out_entries, self.num_forward_outputs,
