@@ -23,6 +23,7 @@ POLICIES = ("none", "cheap", "sqrt", "search", "recursive", "multilevel")
 COUNTED = "planned intermediates + arguments + argument gradients + aux states"
 LIMIT = 1 << 20  # no size beyond this is searched
 KEPT_GRAPHS = 3  # analysed graphs kept while searching (big graphs take memory)
+NEAR = {"multilevel": "recursive"}  # a budgeted policy -> one whose size lands near it
 
 
 @dataclass(frozen=True)
@@ -105,12 +106,28 @@ class SizeSearch:
         line through the last two planned totals (one: through zero) reaches the memory,
         which usually needs 3-4 plans; every third probe doubles or bisects instead, so a
         curve far from a line still converges. A budgeted policy's total says nothing of
-        where its smallest plan stops fitting: it doubles and bisects only.
+        where its smallest plan stops fitting: ``multilevel`` starts from the size
+        ``recursive`` (its curve's first plan, cheap to make) reaches and gallops from
+        there; other budgeted policies double and bisect. Any probe order gives the same
+        answer when memory grows with the size; the probes only decide how many plans.
         """
         first = self.at(policy, self.start, memory_bytes)
         if not first.fits:
             return None, first
         good, bad = first, None
+        near = self.largest(NEAR[policy], memory_bytes, limit)[0] if policy in NEAR else None
+        if near is not None and near.size > good.size:
+            f = self.at(policy, near.size, memory_bytes)
+            good, bad = (f, bad) if f.fits else (good, f)
+            up, step = f.fits, 1
+            while up and bad is None and good.size < limit:  # up from a guess that fits
+                f = self.at(policy, min(good.size + step, limit), memory_bytes)
+                good, bad = (f, bad) if f.fits else (good, f)
+                step *= 2
+            while not up and bad.size - step > good.size:  # down from a guess too large
+                f = self.at(policy, bad.size - step, memory_bytes)
+                good, bad = (f, bad) if f.fits else (good, f)
+                up, step = f.fits, 2 * step
         points = [first]
         probes = 0
         while good.size < limit and (bad is None or bad.size - good.size > 1):

@@ -11,7 +11,7 @@ their measured total is every array the bound SegmentedExecutor holds (``Plan.mx
 mxmirror.measure), which includes its arguments, gradients and aux states.
 
     python scripts/fit_table.py [--memory 4GB 8GB 12GB] [--networks resnet50 ...]
-        [--policies none cheap ...] [--out docs/fit_table.md]
+        [--policies none cheap ...] [--jobs N] [--out docs/fit_table.md]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,20 +89,80 @@ def _budget(search, policy: str, k: int, memory: int) -> int | None:
     return memory - sum(resident_bytes(search.prepared(k).analysis.graph))
 
 
+def network_rows(net: str, policies: tuple[str, ...], memories: list[str],
+                 skip: list[str]) -> list[str]:
+    """The table's rows for one network, by memory size, then policy."""
+    from mxmirror import fitting
+    from mxmirror.api import parse_budget
+
+    title, sym, template = _network(net)
+    search = fitting.batch_search(sym, template)
+    rows = []
+    for policy in policies:  # policy outer: a policy's plans per batch serve every size
+        if f"{net}:{policy}" in skip:
+            continue
+        for mem_text in memories:
+            memory = parse_budget(mem_text)
+            start = time.perf_counter()
+            good, bad = search.largest(policy, memory)
+            took = time.perf_counter() - start
+            if good is None:
+                row = [title, mem_text, policy, "0", "-", "-", "-", "-", "-", f"{took:.0f}"]
+            else:
+                at = measured_total_mb(search.prepared(good.size), policy,
+                                       _budget(search, policy, good.size, memory))
+                nxt = None
+                if bad is not None and bad.planned_bytes:
+                    nxt = measured_total_mb(search.prepared(bad.size), policy,
+                                            _budget(search, policy, bad.size, memory))
+                if bad is not None and not bad.planned_bytes:
+                    verdict = (("yes" if at <= memory / 2**20 else "NO")
+                               + " / no plan at batch+1")
+                else:
+                    verdict = (("yes" if at <= memory / 2**20 else "NO") + " / "
+                               + ("yes" if nxt is not None and nxt > memory / 2**20
+                                  else "NO"))
+                row = [title, mem_text, policy, str(good.value),
+                       f"{good.total_bytes / 2**20:.0f}", f"{at:.0f}",
+                       "-" if nxt is None else f"{nxt:.0f}", verdict,
+                       f"{good.recompute_ratio:.2f}x", f"{took:.0f}"]
+            rows.append((memories.index(mem_text), "| " + " | ".join(row) + " |"))
+            print(rows[-1][1], file=sys.stderr, flush=True)
+    return [line for _, line in sorted(rows, key=lambda r: r[0])]
+
+
+def _rows_in_child(net: str, args: argparse.Namespace) -> list[str]:
+    """network_rows in a child process of its own (networks run side by side)."""
+    cmd = [sys.executable, __file__, "--rows-of", net, "--memory", *args.memory]
+    cmd += ["--policies", *args.policies] if args.policies else []
+    cmd += ["--skip", *args.skip] if args.skip else []
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)  # progress: on stderr
+    if proc.returncode != 0:
+        raise RuntimeError(f"{net}: the child exited with {proc.returncode}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--memory", nargs="+", default=["4GB", "8GB", "12GB"])
     ap.add_argument("--networks", nargs="+", default=list(NETWORKS), choices=NETWORKS)
     ap.add_argument("--policies", nargs="+", default=None)
     ap.add_argument("--skip", nargs="+", default=[], metavar="NETWORK:POLICY",
-                    help="pairs left out (e.g. slow plans on big graphs); listed in the table")
+                    help="pairs left out (e.g. slow plans on big graphs); listed below the table")
     ap.add_argument("--out", type=Path, help="also write the table (markdown) here")
+    ap.add_argument("--jobs", type=int, default=1, help="networks planned side by side")
+    ap.add_argument("--rows-of", choices=NETWORKS, help=argparse.SUPPRESS)  # a child's job
     args = ap.parse_args()
+    if args.rows_of:
+        from mxmirror import fitting
+
+        print(json.dumps(network_rows(args.rows_of, tuple(args.policies or fitting.POLICIES),
+                                      args.memory, args.skip)))
+        return 0
 
     from provenance import generated_by
 
     from mxmirror import fitting
-    from mxmirror.api import parse_budget
 
     policies = tuple(args.policies or fitting.POLICIES)
     fitting.check_policies(policies)
@@ -125,42 +186,16 @@ def main() -> int:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     print("\n".join(lines), flush=True)
-    for net in args.networks:
-        title, sym, template = _network(net)
-        search = fitting.batch_search(sym, template)
-        rows = []
-        for policy in policies:  # policy outer: a policy's plans per batch serve every size
-            if f"{net}:{policy}" in args.skip:
-                continue
-            for mem_text in args.memory:
-                memory = parse_budget(mem_text)
-                start = time.perf_counter()
-                good, bad = search.largest(policy, memory)
-                took = time.perf_counter() - start
-                if good is None:
-                    row = [title, mem_text, policy, "0", "-", "-", "-", "-", "-", f"{took:.0f}"]
-                else:
-                    at = measured_total_mb(search.prepared(good.size), policy,
-                                           _budget(search, policy, good.size, memory))
-                    nxt = None
-                    if bad is not None and bad.planned_bytes:
-                        nxt = measured_total_mb(search.prepared(bad.size), policy,
-                                                _budget(search, policy, bad.size, memory))
-                    if bad is not None and not bad.planned_bytes:
-                        verdict = (("yes" if at <= memory / 2**20 else "NO")
-                                   + " / no plan at batch+1")
-                    else:
-                        verdict = (("yes" if at <= memory / 2**20 else "NO") + " / "
-                                   + ("yes" if nxt is not None and nxt > memory / 2**20
-                                      else "NO"))
-                    row = [title, mem_text, policy, str(good.value),
-                           f"{good.total_bytes / 2**20:.0f}",
-                           f"{at:.0f}",
-                           "-" if nxt is None else f"{nxt:.0f}", verdict,
-                           f"{good.recompute_ratio:.2f}x", f"{took:.0f}"]
-                rows.append((args.memory.index(mem_text), "| " + " | ".join(row) + " |"))
-                print(rows[-1][1], flush=True)
-        lines += [line for _, line in sorted(rows, key=lambda r: r[0])]
+    if args.jobs > 1 and len(args.networks) > 1:  # one child per network, `jobs` at once
+        with ThreadPoolExecutor(args.jobs) as pool:
+            per_net = list(pool.map(lambda net: _rows_in_child(net, args), args.networks))
+    else:
+        per_net = [network_rows(net, policies, args.memory, args.skip)
+                   for net in args.networks]
+    for rows in per_net:
+        lines += rows
+    if args.skip:
+        lines += ["", "Left out: " + ", ".join(args.skip) + "."]
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")
     return 0
