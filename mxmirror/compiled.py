@@ -17,8 +17,9 @@ order, the same reads and, through ``memory.simulate_flat``, the same figure as
 
 from __future__ import annotations
 
-from collections import Counter
 from itertools import chain
+
+import numpy as np
 
 from . import memory, ops
 from .graph import PARAM, Graph
@@ -194,7 +195,6 @@ class CompiledTraining:
         """Every node's input slots (an entry, or n_entries + switch index) and the reference
         counts of the nodes that always run; reads by switches and copies are added per set."""
         n_entries = len(self.esize)
-        self.identity = list(range(n_entries))
         self.index_map: list[int] = []
         self.in_start = [0]
         self.ref_static = [0] * n_entries
@@ -223,6 +223,14 @@ class CompiledTraining:
             self.in_start.append(len(self.index_map))
         for e in self.out_entries:
             self.ref_static[e] += 1
+        # the same as arrays, for flat(): what a mirror set changes is resolved vectorised
+        self._index_map = np.array(self.index_map, dtype=np.int64)
+        self._ref_static = np.array(self.ref_static, dtype=np.int64)
+        self._counted = np.array(self.counted_switches, dtype=np.int64)
+        table = np.array(self.switch_table, dtype=np.int64).reshape(-1, 4)
+        self._cond, self._src, self._orig, self._copied = table.T
+        self._cond_at = np.maximum(self._cond, 0)
+        self._n_graph = len(self.graph.nodes)
 
     def _dfs(self, head: int, visited: bytearray, events: list[int]) -> None:
         """Post-order DFS (inputs, then control dependencies) that does not enter switches:
@@ -281,17 +289,18 @@ class CompiledTraining:
                         order.append(copy[g])
                         made.append(g)
                         stack.pop()
-        read = [ce if s in mir and (c < 0 or c in mir) else fe
-                for c, s, fe, ce in self.switch_table]  # the entry each switch reads
-        ins = list(map((self.identity + read).__getitem__, self.index_map))
-        counts = Counter(map(read.__getitem__, self.counted_switches))
+        mirrored = np.zeros(self._n_graph, dtype=bool)
+        mirrored[list(mir)] = True
+        on = mirrored[self._src] & ((self._cond < 0) | mirrored[self._cond_at])
+        read = np.where(on, self._copied, self._orig)  # the entry each switch reads
+        n_entries = len(self.esize)
+        ins = np.concatenate((np.arange(n_entries), read))[self._index_map].tolist()
         made_copies = [copy[g] for g in made]
-        counts.update(map(read.__getitem__, chain.from_iterable(
-            self.copy_switches[c] for c in made_copies)))
-        counts.update(chain.from_iterable(self.copy_entries[c] for c in made_copies))
-        ref = list(self.ref_static)
-        for e, k in counts.items():
-            ref[e] += k
+        sw = chain.from_iterable(self.copy_switches[c] for c in made_copies)
+        entries = chain.from_iterable(self.copy_entries[c] for c in made_copies)
+        readers = np.concatenate([read[self._counted], read[np.fromiter(sw, np.int64)],
+                                  np.fromiter(entries, np.int64)])
+        ref = (self._ref_static + np.bincount(readers, minlength=n_entries)).tolist()
         fg = memory.FlatGraph(order, self.facts, self.sizes, ins, self.in_start, self.base,
                               self.esize, self.out_entries, self.num_forward_outputs,
                               self.out_order, ref)

@@ -2,7 +2,8 @@
 
 Memory counted: the plan's planned intermediates (MXNet's memory plan, simulated)
 + arguments + argument gradients + aux states (MXNet allocates those outside its
-plan). Sizes are searched by doubling, then bisection, on the simulator: no bind.
+plan). Sizes are searched on the simulator (no bind): where the line through the last
+two planned totals reaches the memory, with doubling and bisection steps between.
 The search assumes a larger batch (or depth) never needs less memory.
 """
 
@@ -22,6 +23,7 @@ POLICIES = ("none", "cheap", "sqrt", "search", "recursive", "multilevel")
 COUNTED = "planned intermediates + arguments + argument gradients + aux states"
 LIMIT = 1 << 20  # no size beyond this is searched
 KEPT_GRAPHS = 3  # analysed graphs kept while searching (big graphs take memory)
+NEAR = {"multilevel": "recursive"}  # a budgeted policy -> one whose size lands near it
 
 
 @dataclass(frozen=True)
@@ -97,19 +99,59 @@ class SizeSearch:
 
     def largest(self, policy: str, memory_bytes: int,
                 limit: int = LIMIT) -> tuple[Fit | None, Fit | None]:
-        """(the largest size that fits, the smallest size found not to fit), by doubling
-        from ``start`` then bisection; (None, figures at start) when not even that fits."""
+        """(the largest size that fits, the smallest size found not to fit); (None, figures
+        at start) when not even that fits.
+
+        Memory grows about linearly with the size, so a plan's size is probed where the
+        line through the last two planned totals (one: through zero) reaches the memory,
+        which usually needs 3-4 plans; every third probe doubles or bisects instead, so a
+        curve far from a line still converges. A budgeted policy's total says nothing of
+        where its smallest plan stops fitting: ``multilevel`` starts from the size
+        ``recursive`` (its curve's first plan, cheap to make) reaches and gallops from
+        there; other budgeted policies double and bisect. Any probe order gives the same
+        answer when memory grows with the size; the probes only decide how many plans.
+        """
         first = self.at(policy, self.start, memory_bytes)
         if not first.fits:
             return None, first
         good, bad = first, None
-        while bad is None and good.size < limit:
-            f = self.at(policy, min(2 * good.size, limit), memory_bytes)
-            good, bad = (f, None) if f.fits else (good, f)
-        while bad is not None and bad.size - good.size > 1:
-            f = self.at(policy, (good.size + bad.size) // 2, memory_bytes)
+        near = self.largest(NEAR[policy], memory_bytes, limit)[0] if policy in NEAR else None
+        if near is not None and near.size > good.size:
+            f = self.at(policy, near.size, memory_bytes)
             good, bad = (f, bad) if f.fits else (good, f)
+            up, step = f.fits, 1
+            while up and bad is None and good.size < limit:  # up from a guess that fits
+                f = self.at(policy, min(good.size + step, limit), memory_bytes)
+                good, bad = (f, bad) if f.fits else (good, f)
+                step *= 2
+            while not up and bad.size - step > good.size:  # down from a guess too large
+                f = self.at(policy, bad.size - step, memory_bytes)
+                good, bad = (f, bad) if f.fits else (good, f)
+                up, step = f.fits, 2 * step
+        points = [first]
+        probes = 0
+        while good.size < limit and (bad is None or bad.size - good.size > 1):
+            probes += 1
+            k = None if policy in BUDGETED or probes % 3 == 0 else \
+                _where_line_reaches(points[-2:], memory_bytes)
+            if k is None:
+                k = 2 * good.size if bad is None else (good.size + bad.size) // 2
+            k = max(good.size + 1, min(k, limit if bad is None else bad.size - 1))
+            f = self.at(policy, k, memory_bytes)
+            good, bad = (f, bad) if f.fits else (good, f)
+            points.append(f)
         return good, bad
+
+
+def _where_line_reaches(points: list[Fit], memory_bytes: int) -> int | None:
+    """The largest size whose total, on the line through `points` (one point: through
+    zero), is within `memory_bytes`; None when the line does not rise."""
+    (k0, t0), (k1, t1) = ((0, 0) if len(points) == 1 else (points[0].size,
+                                                            points[0].total_bytes),
+                          (points[-1].size, points[-1].total_bytes))
+    if (k1 - k0) * (t1 - t0) <= 0:
+        return None
+    return k1 + int((memory_bytes - t1) * (k1 - k0) // (t1 - t0))
 
 
 def scaled_shapes(template: dict[str, tuple[Any, ...]], n: int) -> dict[str, tuple[int, ...]]:

@@ -2,7 +2,7 @@
 """Every policy's plan on the reference networks: predicted MB, recompute ratio, plan time.
 
 Simulator only (no bind), so it runs in minutes. Inputs given shapes get no gradient
-(Module's convention). ``budget`` is given 1.25x the sqrt plan's predicted bytes,
+(Module's convention). ``budget`` and ``auto`` get 1.25x the sqrt plan's predicted bytes,
 ``multilevel`` 0.75x. Times: "cold" plans with an empty plan cache (a folder of this run;
 learned templates still come from the user's cache), "warm" plans the same again in a new
 ``prepare`` (the plan read from the cache); "total" adds reading the symbol and analysing
@@ -14,6 +14,7 @@ machine's load average is printed: timings on a shared machine are noisy.
 Usage::
 
     python scripts/plan_table.py [--only NAME,...] [--json rows.json] [--compare old.json]
+        [--out docs/plan_times.md]
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-POLICIES = ("none", "cheap", "sqrt", "budget", "search", "recursive", "multilevel")
+POLICIES = ("none", "cheap", "sqrt", "budget", "auto", "search", "recursive", "multilevel")
 RENAMED = {"optimal": "search"}  # rows of runs before the rename compare under the new name
 
 
@@ -85,10 +85,10 @@ def rows_for(name: str, factory, shapes: dict, policies) -> list[dict]:
     sqrt_bytes = None
     for policy in policies:
         budget = None
-        if policy in ("budget", "multilevel"):
+        if policy in ("budget", "auto", "multilevel"):
             if sqrt_bytes is None:
                 sqrt_bytes = mxmirror.plan(sym, policy="sqrt", **shapes).planned_bytes
-            budget = int(sqrt_bytes * (1.25 if policy == "budget" else 0.75))
+            budget = int(sqrt_bytes * (0.75 if policy == "multilevel" else 1.25))
         try:
             p, seconds, cpu = timed_plan(sym, policy, budget, shapes)
         except mxmirror.PlanError as exc:
@@ -149,7 +149,10 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--compare", help="rows of an earlier run, shown beside")
+    ap.add_argument("--out", type=Path, help="also write the table (markdown) here")
     args = ap.parse_args()
+    from provenance import generated_by
+
     from mxmirror.planners import cache
 
     plans = Path(tempfile.mkdtemp(prefix="mxmirror-plans-"))
@@ -165,15 +168,16 @@ def main() -> None:
     if args.compare:
         old = {(r["network"], RENAMED.get(r["policy"], r["policy"])): r
                for r in json.loads(Path(args.compare).read_text())}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
     load_after = os.getloadavg()
-    print(f"Plans by policy (simulator), commit {commit}: "
-          f"`python scripts/plan_table.py {' '.join(sys.argv[1:])}`\n\n"
-          f"Machine: {os.cpu_count()} cores, load average (1, 5, 15 min) "
-          f"{' '.join(f'{x:.1f}' for x in load_before)} at the start, "
-          f"{' '.join(f'{x:.1f}' for x in load_after)} at the end.\n")
-    print(table(rows, old))
+    text = (f"# Plans by policy (simulator) and their planning time\n\n"
+            f"{generated_by('scripts/plan_table.py', sys.argv[1:])} Do not edit by hand.\n\n"
+            f"Machine: {os.cpu_count()} cores, load average (1, 5, 15 min) "
+            f"{' '.join(f'{x:.1f}' for x in load_before)} at the start, "
+            f"{' '.join(f'{x:.1f}' for x in load_after)} at the end.\n\n"
+            f"{table(rows, old)}\n")
+    print(text)
+    if args.out:
+        args.out.write_text(text)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     shutil.rmtree(plans, ignore_errors=True)

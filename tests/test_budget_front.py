@@ -75,3 +75,27 @@ def test_the_front_is_monotone_and_the_smallest_is_named() -> None:
                                         f"{low.policy} plan"):
         prep.plan("budget", low.planned_bytes - 1)
     assert prep.plan("budget", low.planned_bytes).planned_bytes == low.planned_bytes
+
+
+@pytest.mark.parametrize("name", ["resnet50", "cifar110", "lstm"])
+def test_answers_without_the_segmented_family_are_the_fronts(name: str) -> None:
+    """least_recompute skips the segmented plans where a one-recompute plan that fits
+    recomputes less than segmented_floor: the floor holds for every segmented plan, and the
+    answer is the whole front's at every budget."""
+    from mxmirror.planners import front as fr
+    from mxmirror.planners.common import segmented_choice
+    from mxmirror.planners.dp import curve
+
+    a = _net(name).analysis
+    floor = fr.segmented_floor(a)
+    ratios = [segmented_choice(a, sp).score.recompute_ratio for _, _, sp in curve(a)]
+    assert min(ratios) >= floor > 0.5, (min(ratios), floor)
+    skipped = 0
+    for f in FRACTIONS:
+        budget = int(a.baseline.planned_bytes * f)
+        fr._fronts.pop(a, None)  # as a fresh process: the whole front not computed yet
+        lazy = fr.least_recompute(a, budget)
+        skipped += a not in fr._fronts
+        fits = [p for p in fr.front(a) if p.planned_bytes <= budget]
+        assert lazy == (fits[-1] if fits else None), f
+    assert skipped  # some budgets never compute the segmented plans

@@ -41,6 +41,28 @@ def test_the_batch_found_fits_and_the_next_does_not(search, policy: str) -> None
     assert resident > 0  # arguments, gradients and aux states are counted
 
 
+@pytest.mark.parametrize("policy", ["none", "sqrt"])
+def test_probing_finds_what_a_scan_finds_in_few_plans(search, policy: str) -> None:
+    """The line-guided probes end where a scan of every batch ends, planning few sizes."""
+    planned = []
+    at = search.at
+
+    def counting(p, k, memory):
+        planned.append(k)
+        return at(p, k, memory)
+
+    search.at = counting
+    try:
+        good, bad = search.largest(policy, MEMORY)
+    finally:
+        del search.at
+    scan = 1
+    while search.at(policy, scan + 1, MEMORY).fits:
+        scan += 1
+    assert good.size == scan and bad.size == scan + 1
+    assert len(planned) <= 6 < scan  # doubling and bisection alone: about 2 log2(scan)
+
+
 def test_recomputing_fits_a_larger_batch(search) -> None:
     none = search.largest("none", MEMORY)[0].size
     assert search.largest("cheap", MEMORY)[0].size >= none

@@ -130,3 +130,62 @@ def test_dtypes_given_as_types_key_the_same_plan() -> None:
     assert (cache.plans_dir() / f"{key}.json").exists()
     by_name = prepare(sym, type_dict={"data": "float32"}, **SHAPES).plan("sqrt")
     assert cache.plan_key("sqrt", None, by_name.source_json, by_name.inputs) == key
+
+
+def test_pruning_drops_the_least_recently_used_plans(tmp_path, monkeypatch) -> None:
+    """Beyond MAX_FILES plans the least recently used go; reading a plan keeps it."""
+    import os
+
+    monkeypatch.setattr(cache, "plans_dir", lambda: tmp_path)
+    monkeypatch.setattr(cache, "MAX_FILES", 2)
+    sym = _small()
+
+    def file(policy: str):
+        p = prepare(sym, **SHAPES).plan(policy)
+        return tmp_path / f"{cache.plan_key(policy, None, p.source_json, p.inputs)}.json"
+
+    sqrt, cheap = file("sqrt"), file("cheap")
+    os.utime(sqrt, (1000, 1000))  # written first, long ago
+    os.utime(cheap, (2000, 2000))
+    assert file("sqrt") == sqrt and sqrt.stat().st_mtime > 2000  # read: recently used
+    none = file("none")
+    assert sorted(tmp_path.glob("*.json")) == sorted([sqrt, none])
+
+
+def test_pruning_bounds_the_bytes_and_keeps_the_newest(tmp_path) -> None:
+    import os
+
+    for i in range(5):
+        f = tmp_path / f"{i}.json"
+        f.write_text("x" * 1000)
+        os.utime(f, (1000 + i, 1000 + i))
+    (tmp_path / "4.json.abc.tmp").write_text("x" * 5000)  # another process's temporary
+    cache.prune(tmp_path, max_files=10, max_bytes=2500)
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["3.json", "4.json", "4.json.abc.tmp"]
+    cache.prune(tmp_path, max_files=10, max_bytes=10)  # the newest stays whatever its size
+    assert sorted(f.name for f in tmp_path.glob("*.json")) == ["4.json"]
+
+
+PRUNER = """
+import sys
+from pathlib import Path
+from mxmirror import learn
+from mxmirror.planners import cache
+folder, tag = Path(sys.argv[1]), sys.argv[2]
+for i in range(300):
+    learn.write_atomic(folder / f"{tag}{i}.json", '{"i": %d}' % i)
+    cache.prune(folder, max_files=20)
+"""
+
+
+def test_two_processes_pruning_at_once(tmp_path) -> None:
+    """Files another process deletes between listing and deleting are skipped, not raised."""
+    procs = [subprocess.Popen([sys.executable, "-c", PRUNER, str(tmp_path), tag],
+                              stderr=subprocess.PIPE, text=True) for tag in "ab"]
+    assert [p.wait() for p in procs] == [0, 0], [p.stderr.read()[-500:] for p in procs]
+    left = list(tmp_path.iterdir())
+    # each process prunes after its last write; the other's last rename may land between
+    # its listing and its deletions: at most one file over the bound
+    assert 1 <= len(left) <= 21
+    for f in left:
+        json.loads(f.read_text())

@@ -11,10 +11,16 @@ for segmented plans the cuts, tree and each template's simulated memory
 (``segments.make_segment_plan`` rebuilds the rest).
 Files are written atomically (a unique temporary name, then a rename); a file that cannot
 be read is reported once and planned again.
+The folder is bounded: after each write, the least recently used files (by modification
+time, which a read refreshes) beyond ``MAX_FILES`` files or ``MAX_BYTES`` bytes are deleted.
+Another process may be pruning or writing at the same time: a file gone by the time it is
+read or deleted is skipped (a reader plans again), and only whole ``*.json`` files are
+pruned, never another process's temporary file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -29,6 +35,8 @@ from ..segments import Segments, build_segments, make_segment_plan
 from .common import Choice
 
 SCHEMA = 2  # bump when what a file holds changes
+MAX_FILES = 1000  # plans kept at most (least recently used ones go first)
+MAX_BYTES = 256 * 2**20  # bytes of plan files kept at most
 
 
 @lru_cache(maxsize=1)
@@ -91,11 +99,16 @@ def load(key: str | None, a: Analysis) -> tuple[Choice, int, list[str]] | None:
         return None
     try:
         rec = json.loads(file.read_text())
-        return _from_record(rec, a)
+        found = _from_record(rec, a)
+    except FileNotFoundError:  # pruned by another process since exists()
+        return None
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         warnings.warn(f"mxmirror: ignoring an unreadable plan cache file {file.name} "
                       f"({type(exc).__name__}: {exc}); planning again", stacklevel=3)
         return None
+    with contextlib.suppress(OSError):
+        os.utime(file)  # recently used: pruned last
+    return found
 
 
 def save(key: str | None, choice: Choice, baseline_bytes: int, notes: list[str]) -> None:
@@ -105,8 +118,28 @@ def save(key: str | None, choice: Choice, baseline_bytes: int, notes: list[str])
         return
     try:
         learn.write_atomic(file, json.dumps(_to_record(choice, baseline_bytes, notes)))
+        prune(file.parent)
     except OSError:
         pass
+
+
+def prune(folder: Path, max_files: int | None = None, max_bytes: int | None = None) -> None:
+    """Delete the least recently used plan files beyond `max_files` files or `max_bytes`
+    bytes (default MAX_FILES, MAX_BYTES); files that vanish meanwhile are skipped."""
+    max_files = MAX_FILES if max_files is None else max_files
+    max_bytes = MAX_BYTES if max_bytes is None else max_bytes
+    kept = []
+    for f in folder.glob("*.json"):
+        with contextlib.suppress(OSError):
+            st = f.stat()
+            kept.append((st.st_mtime, st.st_size, f))
+    kept.sort(key=lambda t: t[0], reverse=True)  # newest first
+    total = 0
+    for i, (_, size, f) in enumerate(kept):
+        total += size
+        if i and (i >= max_files or total > max_bytes):  # the newest file always stays
+            with contextlib.suppress(OSError):
+                f.unlink()
 
 
 def _to_record(choice: Choice, baseline_bytes: int, notes: list[str]) -> dict:

@@ -28,7 +28,15 @@ from ..analysis import Analysis
 from ..errors import PlanError
 from . import search, sqrt
 from .cheap import cheap_mirror
-from .common import Choice, candidates, mirror_choice, segment_mirror, segmented_choice
+from .common import (
+    MAX_SEGMENTS,
+    Choice,
+    candidates,
+    mirror_choice,
+    segment_chain,
+    segment_mirror,
+    segmented_choice,
+)
 from .dp import curve
 
 MIXED_FRACTIONS = tuple(k / 8 for k in range(1, 8))
@@ -45,6 +53,7 @@ class Point:
 
 
 _fronts: weakref.WeakKeyDictionary[Analysis, list[Point]] = weakref.WeakKeyDictionary()
+_one_points: weakref.WeakKeyDictionary[Analysis, list[Point]] = weakref.WeakKeyDictionary()
 
 
 def front(a: Analysis) -> list[Point]:
@@ -57,9 +66,27 @@ def front(a: Analysis) -> list[Point]:
 
 
 def least_recompute(a: Analysis, budget_bytes: int) -> Point | None:
-    """The point of least recompute whose planned bytes fit, or None."""
-    fits = [p for p in front(a) if p.planned_bytes <= budget_bytes]
+    """The point of least recompute whose planned bytes fit, or None.
+
+    The segmented plans (the costliest family to compute) are all below every
+    one-recompute plan in bytes, and none recomputes less than segmented_floor: where a
+    one-recompute plan that fits recomputes less than that, it is the front's answer
+    too, and the segmented family is not computed."""
+    fits = [p for p in pareto(one_recompute_points(a)) if p.planned_bytes <= budget_bytes]
+    if not (fits and fits[-1].recompute_ratio < segmented_floor(a)):
+        fits = [p for p in front(a) if p.planned_bytes <= budget_bytes]
     return fits[-1] if fits else None
+
+
+def segmented_floor(a: Analysis) -> float:
+    """A recompute ratio no segmented plan of the front goes below: they run on the chain
+    of segment_chain(a, MAX_SEGMENTS), where every segment but the last runs its forward at
+    least twice (the first pass, then again before its backward: segments.walk_backward)."""
+    if not a.cuts:
+        return float("inf")
+    flops = [s.flops for s in segment_chain(a, MAX_SEGMENTS).segments.segments]
+    total = a.graph.forward_flops or 1.0
+    return (2 * sum(flops) - flops[-1] - total) / total
 
 
 def smallest(a: Analysis) -> Point:
@@ -105,6 +132,19 @@ def one_recompute(a: Analysis, budget_bytes: int | None = None) -> Choice:
 
 def all_points(a: Analysis) -> list[Point]:
     """Every family's plans (see the module docstring)."""
+    pts = list(one_recompute_points(a))
+    one_recompute = min(p.planned_bytes for p in pts)
+    for k, (planned, _, sp) in enumerate(curve(a)):
+        if planned < one_recompute:
+            pts.append(_point("recursive" if k == 0 else "multilevel", segmented_choice(a, sp)))
+    return pts
+
+
+def one_recompute_points(a: Analysis) -> list[Point]:
+    """The families recomputing each node at most once (computed once per Analysis)."""
+    found = _one_points.get(a)
+    if found is not None:
+        return found
     cheap = cheap_mirror(a)
     sqrt_choice = sqrt.choose(a)
     pts = quick_points(a, sqrt_choice)
@@ -116,10 +156,7 @@ def all_points(a: Analysis) -> list[Point]:
     pts.append(_point("search", search_choice))
     for choice in (sqrt_choice, search_choice):
         pts += _mixed(a, choice, cheap)
-    one_recompute = min(p.planned_bytes for p in pts)
-    for k, (planned, _, sp) in enumerate(curve(a)):
-        if planned < one_recompute:
-            pts.append(_point("recursive" if k == 0 else "multilevel", segmented_choice(a, sp)))
+    _one_points[a] = pts
     return pts
 
 
