@@ -87,7 +87,9 @@ def _child(path: str) -> None:
     figures = [allocated_mb(t)[0] for t in ex.executors.values()]
     predicted = {"pool": sp.pool_bytes, "slots": sp.staging_bytes, "outputs": sp.output_bytes,
                  "masks": sp.mask_bytes, "kept": sp.dry.peak_bytes, "total": sp.planned_bytes}
-    print(json.dumps({"measured_mb": mb,
+    user = sum(_nbytes(a) for d in (ex.arg_dict, ex.grad_dict, ex.aux_dict)
+               for a in d.values() if a is not None)
+    print(json.dumps({"measured_mb": mb, "user_mb": round(user / 2**20, 3),
                       "predicted_mb": {k: round(v / 2**20, 3) for k, v in predicted.items()},
                       "template_mxnet_mb": figures, "steps": steps}))
 

@@ -7,8 +7,9 @@ finds the largest batch per policy on the simulator. Then each plan is bound by 
 child process (not stepped) at that batch and the next. Mirror plans: measured total = MXNet's
 ``Total X MB allocated`` (whole MB, rounded down) + the arguments, argument gradients and aux
 states simple_bind allocates. Segmented plans (recursive, multilevel) run on several executors:
-their measured total is every array the bound SegmentedExecutor holds (``Plan.mxnet_mb()``,
-mxmirror.measure), which includes its arguments, gradients and aux states.
+their measured total is every array the bound SegmentedExecutor holds (mxmirror.measure:
+pool, slots, outputs, masks, kept states) plus the user's arguments, argument gradients and
+aux states it was bound with.
 
     python scripts/fit_table.py [--memory 4GB 8GB 12GB] [--networks resnet50 ...]
         [--policies none cheap ...] [--jobs N] [--out docs/fit_table.md]
@@ -64,8 +65,9 @@ def _child() -> None:
 def measured_total_mb(prep, policy: str, budget: int | None) -> float:
     """The measured total of this policy's plan of `prep`, bound in a child."""
     p = prep.plan(policy, budget)
-    if p.execution.kind != "mirror":
-        return p.mxnet_mb()  # every array the SegmentedExecutor holds (measure.py)
+    if p.execution.kind != "mirror":  # every array the SegmentedExecutor holds, and the user's
+        measured = p.execution.measure(p)
+        return measured["measured_mb"]["total"] + measured["user_mb"]
     job = {"symbol": p.execution.symbol_json(p) if p.recomputed_ids else p.source_json,
            "grad_req": p.inputs.grad_req,
            "shapes": {k: list(v) for k, v in p.inputs.shapes.items()}}
