@@ -475,13 +475,12 @@ def resnet1001():
     return sym, shapes, A.load_graph(sym, shapes)
 
 
-def test_resnet1001_build_and_simulate_under_two_seconds(resnet1001) -> None:
+def test_resnet1001_simulates_mxnets_recorded_figure(resnet1001) -> None:
+    """The simulator on the deepest network without binding it (its speed is measured by
+    scripts/plan_speed.py, not here: a wall-clock bound fails on a loaded machine)."""
     _, _, g = resnet1001
-    start = time.perf_counter()
-    res = memory.simulate(training_graph.build(g, set()), "sharing")
-    elapsed = time.perf_counter() - start
-    print(f"\nResNet-1001 batch 32: build+simulate {elapsed:.3f} s, {res.mb:.1f} MB")
-    assert elapsed < 2.0
+    _check("resnet1001 none sharing", memory.simulate(training_graph.build(g, set()),
+                                                      "sharing").mb, RESNET1001_MXNET_MB)
 
 
 @pytest.mark.slow
