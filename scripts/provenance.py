@@ -25,9 +25,24 @@ def commit() -> str:
     return f"{head} with uncommitted changes" if dirty else head
 
 
+def _shown(arg: str) -> str:
+    """An argument as a results file may show it: an absolute path inside the checkout
+    relative to its root, one outside it (a temporary directory) as `.../NAME`, so that no
+    file names a path of the machine it was made on."""
+    option, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+    path = Path(value)
+    if not path.is_absolute():
+        return arg
+    try:
+        value = str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        value = f".../{path.name}"
+    return f"{option}{eq}{value}"
+
+
 def command(script: str, argv: list[str]) -> str:
     """`python scripts/x.py ARGS`, as run from the repository root."""
-    return " ".join(shlex.quote(a) for a in ["python", script, *argv])
+    return " ".join(shlex.quote(a) for a in ["python", script, *map(_shown, argv)])
 
 
 def generated_by(script: str, argv: list[str]) -> str:
