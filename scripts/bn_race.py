@@ -10,7 +10,7 @@ for the engine after every batch. Then it times one training step with and witho
 ordering in the same process (interleaved), and, for the segmented kind, with the global
 waitall the segmented executor used before.
 
-    MXNET_EXEC_BULK_EXEC_TRAIN=0 python scripts/bn_race.py
+    MXNET_EXEC_BULK_EXEC_TRAIN=0 python scripts/bn_race.py [--out docs/figures/bn_race.md]
 
 MXNET_EXEC_BULK_EXEC_TRAIN=0 (read at bind) gives every backward op its own engine op;
 with MXNet's default bulking the window is narrower, but the race is the same.
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -33,7 +32,8 @@ import numpy as np
 import mxmirror
 from mxmirror import aux_order, executor
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import generated_by  # noqa: E402
 
 
 def network(layers: int, filters: int, classes: int = 10) -> mx.sym.Symbol:
@@ -185,14 +185,6 @@ def _op_cost(mod, batch) -> tuple[int, float]:
     return len(pushed), float(np.median(samples))
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                              capture_output=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", action="append",
@@ -205,21 +197,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--filters", type=int, default=16)
     ap.add_argument("--size", type=int, default=16)
-    a = ap.parse_args(argv)
+    ap.add_argument("--out", help="also write the tables, with command and commit, here")
+    given = sys.argv[1:] if argv is None else argv
+    a = ap.parse_args(given)
     a.policy = a.policy or ["none", "sqrt", "optimal", "recursive"]
     logging.getLogger("mxmirror").setLevel(logging.WARNING)
     env = {k: os.environ.get(k, "default") for k in ("MXNET_EXEC_BULK_EXEC_TRAIN",
                                                      "MXNET_MKLDNN_ENABLED")}
-    print(f"commit {_commit()}, MXNet {mx.__version__}, "
-          + ", ".join(f"{k}={v}" for k, v in env.items())
-          + f"; {a.layers} conv-BN-ReLU layers, {a.filters} filters, {a.size}x{a.size}, "
-          f"batch {a.batch} over {a.contexts} contexts, {a.batches} batch(es) per fit\n")
-    print("BatchNorm statistics and parameters after `Module.fit`, vs the true values "
-          "(plain MXNet, waitall after every batch):\n")
-    print("\n".join(race_table(a)))
-    print("\nOne training step (forward_backward, update, waitall), the ordering off/on "
-          f"interleaved in one process, median of {a.steps}:\n")
-    print("\n".join(step_table(a)))
+    lines = [f"MXNet {mx.__version__}, " + ", ".join(f"{k}={v}" for k, v in env.items())
+             + f"; {a.layers} conv-BN-ReLU layers, {a.filters} filters, {a.size}x{a.size}, "
+             f"batch {a.batch} over {a.contexts} contexts, {a.batches} batch(es) per fit.", "",
+             "BatchNorm statistics and parameters after `Module.fit`, vs the true values "
+             "(plain MXNet, waitall after every batch):", ""]
+    print("\n".join(lines), flush=True)
+    lines += race_table(a)
+    lines += ["", "One training step (forward_backward, update, waitall), the ordering off/on "
+              f"interleaved in one process, median of {a.steps}:", ""]
+    lines += step_table(a)
+    print("\n".join(lines[4:]))
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        made = generated_by("scripts/bn_race.py", given,
+                            {k: v for k, v in env.items() if v != "default"})
+        Path(a.out).write_text("\n".join([made +
+                                           " Step times: a shared 2-core machine.", "",
+                                           *lines]) + "\n")
     return 0
 
 

@@ -6,7 +6,10 @@ the same MXNet random seed (Dropout masks), so the parameters and losses after N
 must be identical (exit code 1 otherwise). BatchNorm running statistics (auxiliary states,
 not trained parameters) are compared and reported too.
 
-    python scripts/long_run.py --steps 200 --policy sqrt --policy optimal --policy cheap
+    python scripts/long_run.py --steps 200 --policy sqrt --policy optimal --policy cheap \
+        [--out docs/figures/long_run.md]
+
+With --out the table is also written there, after the command and commit that made it.
 """
 
 from __future__ import annotations
@@ -14,11 +17,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import mxnet as mx
 import numpy as np
 
 import mxmirror
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import generated_by  # noqa: E402
 
 
 def network(blocks: int = 6, hidden: int = 256, classes: int = 10) -> mx.sym.Symbol:
@@ -90,11 +97,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--features", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--policy", action="append", help="repeatable; default sqrt")
-    a = ap.parse_args(argv)
+    ap.add_argument("--out", help="also write the table, with command and commit, here")
+    given = sys.argv[1:] if argv is None else argv
+    a = ap.parse_args(given)
     policies = a.policy or ["sqrt"]
     base, base_aux, base_losses, _, base_s = train(None, a.steps, a.batch, a.features, a.seed)
-    print(f"unplanned: {a.steps} steps, loss {base_losses[0]:.4f} -> {base_losses[-1]:.4f}, "
-          f"{base_s:.1f} s")
+    lines = [f"Residual MLP (stem + 6 FC-BN-ReLU-FC-BN blocks, Dropout 0.1), batch {a.batch}, "
+             f"{a.features} features, SGD with momentum, {a.steps} steps, seed {a.seed}, "
+             f"MXNet {mx.__version__}. Unplanned: loss {base_losses[0]:.4f} -> "
+             f"{base_losses[-1]:.4f}, {base_s:.1f} s.", "",
+             "| policy | mirrored nodes | seconds | parameters bit-identical | max abs diff "
+             "| per-step losses identical | BatchNorm running statistics identical |",
+             "|---|---|---|---|---|---|---|"]
+    print(lines[0], flush=True)
     ok = True
     for policy in policies:
         got, aux, losses, mirrored, secs = train(policy, a.steps, a.batch, a.features, a.seed)
@@ -102,11 +117,17 @@ def main(argv: list[str] | None = None) -> int:
         diff = max(float(np.abs(got[k] - base[k]).max()) for k in base)
         aux_bad = [k for k in base_aux if not np.array_equal(aux[k], base_aux[k])]
         ok &= same and losses == base_losses and mirrored > 0
-        print(f"{policy}: {mirrored} mirrored nodes, {a.steps} steps, {secs:.1f} s; "
-              f"{len(base)} parameters bit-identical: {same} (max abs diff {diff:.3g}); "
-              f"losses identical: {losses == base_losses}; BatchNorm running statistics "
-              f"identical: {not aux_bad}"
-              + (f" (differ: {', '.join(aux_bad)})" if aux_bad else ""))
+        lines.append(f"| {policy} | {mirrored} | {secs:.1f} | {'yes' if same else 'no'} "
+                     f"({len(base)}) | {diff:.3g} | {'yes' if losses == base_losses else 'no'} "
+                     f"| " + ("yes" if not aux_bad else f"no ({', '.join(aux_bad)})") + " |")
+        print(lines[-1], flush=True)
+    lines += ["", f"Exit code {0 if ok else 1} (1 when any parameter or loss differs or a "
+              "policy mirrors nothing)."]
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text("\n".join([generated_by("scripts/long_run.py", given) +
+                                           " Seconds are wall time on a shared machine.",
+                                           "", *lines]) + "\n")
     return 0 if ok else 1
 
 
