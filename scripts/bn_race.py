@@ -188,7 +188,7 @@ def _op_cost(mod, batch) -> tuple[int, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", action="append",
-                    help="repeatable; default none, sqrt, optimal, recursive")
+                    help="repeatable; default none, sqrt, search, recursive")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--steps", type=int, default=40, help="timed steps per variant")
     ap.add_argument("--contexts", type=int, default=2)
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="also write the tables, with command and commit, here")
     given = sys.argv[1:] if argv is None else argv
     a = ap.parse_args(given)
-    a.policy = a.policy or ["none", "sqrt", "optimal", "recursive"]
+    a.policy = a.policy or ["none", "sqrt", "search", "recursive"]
     logging.getLogger("mxmirror").setLevel(logging.WARNING)
     env = {k: os.environ.get(k, "default") for k in ("MXNET_EXEC_BULK_EXEC_TRAIN",
                                                      "MXNET_MKLDNN_ENABLED")}

@@ -6,7 +6,7 @@ the same MXNet random seed (Dropout masks), so the parameters and losses after N
 must be identical (exit code 1 otherwise). BatchNorm running statistics (auxiliary states,
 not trained parameters) are compared and reported too.
 
-    python scripts/long_run.py --steps 200 --policy sqrt --policy optimal --policy cheap \
+    python scripts/long_run.py --steps 200 --policy sqrt --policy search --policy cheap \
         [--out docs/figures/long_run.md]
 
 With --out the table is also written there, after the command and commit that made it.
