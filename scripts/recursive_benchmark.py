@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -114,8 +113,10 @@ def child_step(k: int, batch: int, policy: str, budget: str | None = None) -> No
         mx.nd.waitall()
         times.append(time.perf_counter() - t)
     sampler.stop()
-    out = {"k": k, "policy": policy, "executor": type(ex).__name__, "peak_rss_mb":
-           round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    # Not ru_maxrss: a child started by fork carries its parent's resident peak (hundreds of
+    # MB once the parent has planned deep chains), which would hide this process's own.
+    out = {"k": k, "policy": policy, "executor": type(ex).__name__,
+           "peak_rss_mb": round(sampler.peak / MB, 1),
            "rss_above_start_mb": round((sampler.peak - sampler.start) / MB, 1),
            "step_seconds": round(min(times), 3)}
     flops = getattr(ex, "forward_flops_run", None)
@@ -191,16 +192,19 @@ def cmd_depth(args) -> None:
                      f"{r['segments']} | {r['recursive_ratio']} | {r['recursive_seconds']} |")
         print(lines[-1], flush=True)
     lines += ["", "Real training steps, each configuration in its own child process (two "
-              "steps, the faster one shown; plain MXNet for `none`). Process peak RSS "
-              "(ru_maxrss), and the peak resident growth from just before the bind, sampled "
-              "every 2 ms:", "",
-              "| k | policy | process peak RSS MB | RSS growth from bind MB | step s "
-              "| measured recompute |", "|---|---|---|---|---|---|"]
+              "steps, the faster one shown; plain MXNet for `none`; `recursive` binds "
+              "whatever `mxmirror.simple_bind` chooses, a one-recompute plan on MXNet's "
+              "Executor where the segmented plan is not predicted below it). Resident "
+              "memory of the process sampled every 2 ms from just before the bind: its "
+              "peak, and its growth over the value before the bind:", "",
+              "| k | policy | executor | peak RSS MB | RSS growth from bind MB | step s "
+              "| measured recompute |", "|---|---|---|---|---|---|---|"]
     for k in range(args.run_kmin, args.run_kmax + 1):
         for policy in ("none", "recursive"):
             r = run_child(k, args.batch, policy)
             rows.append(r)
-            lines.append(f"| {k} | {policy} | {r.get('peak_rss_mb', r.get('error'))} | "
+            lines.append(f"| {k} | {policy} | {r.get('executor', '-')} | "
+                         f"{r.get('peak_rss_mb', r.get('error'))} | "
                          f"{r.get('rss_above_start_mb', '-')} | {r.get('step_seconds', '-')} "
                          f"| {r.get('measured_recompute', '-')} |")
             print(lines[-1], flush=True)
