@@ -11,8 +11,9 @@ depth: chains of 2^k residual blocks (basic blocks, 16 channels, 32x32, no
 downsampling). For k = 3..kmax the planned bytes of no plan, sqrt and
 recursive are predicted by the simulator (no bind); for k <= run-kmax each
 configuration trains two real steps in its own child process, which reports
-its peak RSS (ru_maxrss), the step time and, for the segmented executor, the
-forward FLOPs it really ran (the measured recompute ratio).
+its resident memory from the bind on (peak and growth, sampled every 2 ms),
+the step time and, for the segmented executor, the forward FLOPs it really
+ran (the measured recompute ratio).
 
 resnet1001: bottleneck ResNet-1001, batch 32, 3x224x224: planned MB of none,
 sqrt and recursive (prediction only: a CPU cannot train it).
