@@ -139,6 +139,20 @@ def chains(a: Analysis, max_segments: int = MAX_SEGMENTS) -> list[SegmentPlan]:
     return out
 
 
+def recompute_floor(a: Analysis) -> float:
+    """A recompute ratio no plan of curve(a) goes below: on every chain, each segment but
+    the last runs its forward at least twice (the first pass, then again before its
+    backward: segments.walk_backward), store-all schedules included."""
+    if not a.cuts:
+        return float("inf")
+    total = a.graph.forward_flops or 1.0
+    floors = []
+    for sp in chains(a):
+        flops = [s.flops for s in sp.segments.segments]
+        floors.append((2 * sum(flops) - flops[-1] - total) / total)
+    return min(floors)
+
+
 def recompute_of(p: SegmentPlan) -> float:
     """Extra forward FLOPs / forward FLOPs of a segmented plan's schedule."""
     total = sum(s.flops for s in p.segments.segments) or 1.0

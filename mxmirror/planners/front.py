@@ -29,15 +29,13 @@ from ..errors import PlanError
 from . import search, sqrt
 from .cheap import cheap_mirror
 from .common import (
-    MAX_SEGMENTS,
     Choice,
     candidates,
     mirror_choice,
-    segment_chain,
     segment_mirror,
     segmented_choice,
 )
-from .dp import curve
+from .dp import curve, recompute_floor
 
 MIXED_FRACTIONS = tuple(k / 8 for k in range(1, 8))
 
@@ -69,24 +67,13 @@ def least_recompute(a: Analysis, budget_bytes: int) -> Point | None:
     """The point of least recompute whose planned bytes fit, or None.
 
     The segmented plans (the costliest family to compute) are all below every
-    one-recompute plan in bytes, and none recomputes less than segmented_floor: where a
+    one-recompute plan in bytes, and none recomputes less than dp.recompute_floor: where a
     one-recompute plan that fits recomputes less than that, it is the front's answer
     too, and the segmented family is not computed."""
     fits = [p for p in pareto(one_recompute_points(a)) if p.planned_bytes <= budget_bytes]
-    if not (fits and fits[-1].recompute_ratio < segmented_floor(a)):
+    if not (fits and fits[-1].recompute_ratio < recompute_floor(a)):
         fits = [p for p in front(a) if p.planned_bytes <= budget_bytes]
     return fits[-1] if fits else None
-
-
-def segmented_floor(a: Analysis) -> float:
-    """A recompute ratio no segmented plan of the front goes below: they run on the chain
-    of segment_chain(a, MAX_SEGMENTS), where every segment but the last runs its forward at
-    least twice (the first pass, then again before its backward: segments.walk_backward)."""
-    if not a.cuts:
-        return float("inf")
-    flops = [s.flops for s in segment_chain(a, MAX_SEGMENTS).segments.segments]
-    total = a.graph.forward_flops or 1.0
-    return (2 * sum(flops) - flops[-1] - total) / total
 
 
 def smallest(a: Analysis) -> Point:
