@@ -51,9 +51,10 @@ class Segment:
     heads: list[int]  # indices into graph.heads computed here
     slots: list[tuple[str, tuple]]  # (variable name in the sub-symbol, source)
     json: str  # the sub-symbol, canonical names (equal for equal structure)
-    key: str  # template key: json + slot shapes, dtypes, grad_req
+    key: str  # template key: the structure, and the weights it binds (weight_set_keys)
     flops: float = 0.0
     graph: Graph | None = field(default=None, repr=False)  # the sub-graph as Graph IR
+    structure: str = ""  # json + slot shapes, dtypes, grad_req: equal for equal memory
 
 
 @dataclass
@@ -154,7 +155,34 @@ def build_segments(graph: Graph, cuts: list[int]) -> Segments:
                                                                                        e[1]))
         heads = [j for j, h in enumerate(graph.heads) if seg_of.get(h[0]) == i]
         segs.append(_make_segment(out, i, ids, outputs, heads))
+    _key_by_weight_set(out)
     return out
+
+
+def _key_by_weight_set(sg: Segments) -> None:
+    """One template per weight set: where segments of one structure read, in a parameter
+    slot, variables that several segments read (an LSTM layer's weights in each of its
+    steps), they get a template per set of such variables, so that the template binds the
+    user's arrays (Segments.user_slots) instead of copying a weight in per run. Slots whose
+    variable is read by one segment only (a step's data and label, a ResNet unit's
+    weights) do not split: their values are copied in, one template serves them all."""
+    readers: dict[str, int] = {}
+    groups: dict[str, list[Segment]] = {}
+    for seg in sg.segments:
+        groups.setdefault(seg.key, []).append(seg)
+        for _, slot in seg.slots:
+            if slot[0] == "arg":
+                readers[slot[1]] = readers.get(slot[1], 0) + 1
+    for key, segs in groups.items():
+        shared = sorted({name for seg in segs for name, slot in seg.slots
+                         if slot[0] == "arg" and readers[slot[1]] > 1})
+        sets = [[dict(seg.slots)[n][1] for n in shared] for seg in segs]
+        if len({json.dumps(v) for v in sets}) < 2:
+            continue
+        for seg, weights in zip(segs, sets):
+            seg.key = json.dumps([key, weights])
+            for table in (sg.slot_shapes, sg.slot_types, sg.slot_req):
+                table[seg.key] = table[key]
 
 
 def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry],
@@ -276,7 +304,7 @@ def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry]
     sg.slot_types[key] = types
     sg.slot_req[key] = req
     return Segment(index, ids, inputs, list(outputs), heads, slots, text, key, flops,
-                   sub_graph)
+                   sub_graph, key)
 
 
 def _row(add: Any, value: Entry, sub: list[Node]) -> Entry:
@@ -499,14 +527,17 @@ class SegmentPlan:
 def template_memory(sg: Segments) -> tuple[dict[str, int], dict[str, list[int]]]:
     """Simulated MXNet planned bytes and block sizes of every template's training graph."""
     totals, blocks = {}, {}
+    simulated: dict[str, Any] = {}  # structure -> result (templates of one structure)
     for seg in sg.segments:
         if seg.key in totals:
             continue
-        g = seg.graph
-        if g.templates is None:
-            raise ValueError("the graph has no template source: load it with the adapter")
-        g.templates(g)
-        res = memory.simulate(training_graph.build(g, set()))
+        res = simulated.get(seg.structure)
+        if res is None:
+            g = seg.graph
+            if g.templates is None:
+                raise ValueError("the graph has no template source: load it with the adapter")
+            g.templates(g)
+            res = simulated[seg.structure] = memory.simulate(training_graph.build(g, set()))
         totals[seg.key] = res.total_bytes
         blocks[seg.key] = list(res.block_bytes)
     return totals, blocks
