@@ -57,10 +57,29 @@ def forward(ex: Any, is_train: bool) -> None:
     check_call(lib.MXExecutorForward(ex.handle, ctypes.c_int(int(is_train))))
 
 
-def copy_new(src: Any, shape: tuple, dtype: Any) -> Any:
-    """``src.copy()`` for an NDArray of known `shape` and `dtype` (on src's context)."""
-    from mxnet.ndarray.ndarray import NDArray, _new_alloc_handle
+def alloc_spec(shape: tuple, dtype: Any, ctx: Any) -> tuple:
+    """What ``copy_new`` allocates (shape, dtype, context), as MXNDArrayCreate arguments,
+    built once per segment output rather than per run."""
+    import numpy as np
+    from mxnet.base import mx_int64, mx_uint
+    from mxnet.ndarray.ndarray import _DTYPE_NP_TO_MX, _int64_enabled
 
-    out = NDArray(_new_alloc_handle(shape, src.context, True, dtype))
+    wide = _int64_enabled()
+    dims = ((mx_int64 if wide else ctypes.c_uint) * len(shape))(*shape)
+    ndim = (ctypes.c_int if wide else mx_uint)(len(shape))
+    return (wide, dims, ndim, ctypes.c_int(ctx.device_typeid), ctypes.c_int(ctx.device_id),
+            ctypes.c_int(1),
+            ctypes.c_int(_DTYPE_NP_TO_MX[np.dtype(dtype).type]))
+
+
+def copy_new(src: Any, spec: tuple) -> Any:
+    """``src.copy()`` for an NDArray, into a new array allocated per ``alloc_spec``."""
+    from mxnet.ndarray.ndarray import NDArray
+
+    lib, check_call, handle_type = _lib()[:3]
+    hdl = handle_type()
+    create = lib.MXNDArrayCreateEx64 if spec[0] else lib.MXNDArrayCreateEx
+    check_call(create(*spec[1:], ctypes.byref(hdl)))
+    out = NDArray(hdl)
     _invoke(_lib()[3], [src], out)
     return out

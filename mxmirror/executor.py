@@ -118,8 +118,8 @@ class SegmentedExecutor(Driver):
         self._head_grads: list | None = None
         self._grads: dict = {}
         self._held: dict[int, dict] = {}
-        self._held_alive: dict | None = None  # id -> entry of every held array (a cache)
-        self._held_bytes = 0
+        self._held_refs: dict[int, int] = {}  # id of a held array -> held states holding it
+        self._held_bytes = 0  # bytes of the distinct held arrays
         self._delivered: set = set()  # one-hop gradients already in their producer's slot
         self._segment_steps: dict[int, SegmentSteps] = {}
         self._value_bytes: dict = {}  # boundary value entry -> bytes of its arrays
@@ -243,7 +243,7 @@ class SegmentedExecutor(Driver):
         self._draw_masks(is_train)
         self._stored = None
         self._grads = {}
-        self._held, self._held_alive = {}, None
+        self._held, self._held_refs, self._held_bytes = {}, {}, 0
         if is_train:
             self._stored = walk_forward(self, self.plan.tree, self.sg.m)
         else:
@@ -270,7 +270,7 @@ class SegmentedExecutor(Driver):
         self._grads = {}
         walk_backward(self, self.plan.tree, self.sg.m, stored)
         self._grads = {}
-        self._held, self._held_alive = {}, None
+        self._held, self._held_refs, self._held_bytes = {}, {}, 0
         self._head_grads = None
 
     def copy_params_from(self, arg_params: dict, aux_params: dict | None = None,
@@ -372,8 +372,8 @@ class SegmentedExecutor(Driver):
         keep = st.keep
         new = {e: v for e, v in state.items() if e in keep}
         outs = st.ex.outputs
-        for j, (e, shape, dtype) in enumerate(st.outputs):
-            new[e] = calls.copy_new(outs[j], shape, dtype)
+        for j, (e, spec) in enumerate(st.outputs):
+            new[e] = calls.copy_new(outs[j], spec)
         if first:
             for j, dst in st.heads:
                 calls.copy(outs[j], dst)
@@ -385,12 +385,26 @@ class SegmentedExecutor(Driver):
         return self._run_forward(i, state, first, True)
 
     def hold(self, state: dict) -> None:
+        if id(state) in self._held:
+            return
         self._held[id(state)] = state
-        self._held_alive = None
+        refs, size = self._held_refs, self._value_bytes
+        for e, v in state.items():
+            n = refs.get(id(v), 0)
+            if not n:
+                self._held_bytes += size[e]
+            refs[id(v)] = n + 1
 
     def release(self, state: dict) -> None:
-        self._held.pop(id(state), None)
-        self._held_alive = None
+        if self._held.pop(id(state), None) is None:
+            return
+        refs, size = self._held_refs, self._value_bytes
+        for e, v in state.items():
+            n = refs.pop(id(v)) - 1
+            if n:
+                refs[id(v)] = n
+            else:
+                self._held_bytes -= size[e]
 
     def forward_backward(self, i: int, state: dict) -> None:
         st = self._steps(i)
@@ -431,7 +445,7 @@ class SegmentedExecutor(Driver):
         for slot, dst in st.aux_out:
             calls.copy(slot, dst)
         self._note(state)
-        for e, _, _ in st.outputs:
+        for e, _ in st.outputs:
             self._grads.pop(e, None)
 
     def _hop_view(self, i: int, e: Any) -> Any:
@@ -442,15 +456,14 @@ class SegmentedExecutor(Driver):
     def _note(self, *extra: dict) -> None:
         """Measured bytes of the kept values and boundary gradients (real NDArrays: each
         value's bytes are those of the template output it was copied from)."""
-        size = self._value_bytes
-        held = self._held_alive
-        if held is None:  # recounted only when a state is held or released
-            held = self._held_alive = {id(v): e for d in self._held.values()
-                                       for e, v in d.items()}
-            self._held_bytes = sum(size[e] for e in held.values())
-        alive = {id(v): e for d in extra for e, v in d.items() if id(v) not in held}
-        total = self._held_bytes + sum(size[e] for e in alive.values()) + \
-            sum(size[e] for e in self._grads)
+        size, held = self._value_bytes, self._held_refs
+        total = self._held_bytes + sum(size[e] for e in self._grads)
+        seen: set = set()
+        for d in extra:
+            for e, v in d.items():
+                if id(v) not in held and id(v) not in seen:
+                    seen.add(id(v))
+                    total += size[e]
         if total > self.peak_kept_bytes:
             self.peak_kept_bytes = total
 

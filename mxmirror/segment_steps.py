@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any
 
+from . import engine_calls as calls
 from .segments import Segment
 
 
@@ -25,7 +26,7 @@ class SegmentSteps:
     copies: list[tuple[Any, Any]]  # (parameter or statistic, its slot): copied in per run
     masks: list[tuple[int, Any]]  # (Dropout node, its mask slot)
     keep: frozenset  # the values crossing the cut after this segment
-    outputs: list[tuple]  # (boundary value entry, shape, dtype), in template output order
+    outputs: list[tuple]  # (boundary value entry, engine_calls.alloc_spec), in output order
     heads: list[tuple[int, Any]]  # (template output index, the user's output array)
     grad_inputs: list[tuple[str, Any, Any, Any]]  # (kind, key, slot, slot as the value)
     param_grads: list[tuple[Any, Any]]  # (the user's gradient, its slot): accumulated
@@ -65,7 +66,8 @@ class SegmentSteps:
         heads = [(len(seg.outputs) + j, exe.outputs[h]) for j, h in enumerate(seg.heads)]
         outs = [ex.outputs[j] for j in range(len(seg.outputs))]
         value_bytes = {e: _nbytes(a) for e, a in zip(seg.outputs, outs)}
-        outputs = [(e, tuple(a.shape), a.dtype) for e, a in zip(seg.outputs, outs)]
+        outputs = [(e, calls.alloc_spec(tuple(a.shape), a.dtype, exe.ctx))
+                   for e, a in zip(seg.outputs, outs)]
         return cls(ex, states, copies, masks, frozenset(crossing), outputs, heads,
                    grad_inputs, param_grads, [g for _, g in param_grads], state_grads,
                    aux_out, list(ex.aux_arrays), value_bytes)
