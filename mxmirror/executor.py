@@ -123,6 +123,7 @@ class SegmentedExecutor(Driver):
         self._delivered: set = set()  # one-hop gradients already in their producer's slot
         self._segment_steps: dict[int, SegmentSteps] = {}
         self._value_bytes: dict = {}  # boundary value entry -> bytes of its arrays
+        self._runs = 0  # template runs pushed (each may overwrite the pool)
         self.peak_kept_bytes = 0  # measured: bytes of kept values and gradients at the peak
         self.forward_flops_run = 0.0  # measured: FLOPs of every segment forward executed
 
@@ -358,7 +359,10 @@ class SegmentedExecutor(Driver):
 
     def _load(self, st: SegmentSteps, state: dict) -> None:
         for e, slot in st.states:
-            calls.copy(state[e], slot)
+            value = state[e]
+            if type(value) is _InTemplate:
+                value = self._in_place(value)
+            calls.copy(value, slot)
         for src, slot in st.copies:
             calls.copy(src, slot)
         for d, slot in st.masks:
@@ -368,12 +372,16 @@ class SegmentedExecutor(Driver):
         st = self._steps(i)
         self._load(st, state)
         calls.forward(st.ex, is_train)
+        self._runs += 1
         self.forward_flops_run += self.sg.segments[i - 1].flops
         keep = st.keep
         new = {e: v for e, v in state.items() if e in keep}
         outs = st.ex.outputs
-        for j, (e, spec) in enumerate(st.outputs):
-            new[e] = calls.copy_new(outs[j], spec)
+        for j, (e, spec, one_hop) in enumerate(st.outputs):
+            # a value only the next segment reads stays in the template's output until that
+            # segment copies it into its slot (Segments.one_hop), unless its state is held
+            new[e] = _InTemplate(outs[j], spec, self._runs) if one_hop else \
+                calls.copy_new(outs[j], spec)
         if first:
             for j, dst in st.heads:
                 calls.copy(outs[j], dst)
@@ -389,7 +397,9 @@ class SegmentedExecutor(Driver):
             return
         self._held[id(state)] = state
         refs, size = self._held_refs, self._value_bytes
-        for e, v in state.items():
+        for e, v in list(state.items()):
+            if type(v) is _InTemplate:  # kept: copied out of the template now
+                state[e] = v = calls.copy_new(self._in_place(v), v.spec)
             n = refs.get(id(v), 0)
             if not n:
                 self._held_bytes += size[e]
@@ -412,6 +422,7 @@ class SegmentedExecutor(Driver):
         if self._live != i:
             self._load(st, state)
             calls.forward(ex, True)
+            self._runs += 1
             self.forward_flops_run += self.sg.segments[i - 1].flops
         self._live = None
         # shared parameter gradient slots: what the backward leaves unwritten is 0
@@ -430,6 +441,7 @@ class SegmentedExecutor(Driver):
         zero(zeroed)
         self._delivered = set()
         ex.backward()
+        self._runs += 1
         if st.aux:  # order the copy of the running statistics after BatchNorm's update
             settle(st.aux)
         for e, g in st.state_grads:
@@ -445,8 +457,15 @@ class SegmentedExecutor(Driver):
         for slot, dst in st.aux_out:
             calls.copy(slot, dst)
         self._note(state)
-        for e, _ in st.outputs:
+        for e, _, _ in st.outputs:
             self._grads.pop(e, None)
+
+    def _in_place(self, value: _InTemplate) -> Any:
+        """The template output holding `value`, which no run since has overwritten."""
+        if value.run != self._runs:
+            raise RuntimeError("mxmirror internal error: a boundary value left in its "
+                               "template's output was read after another run")
+        return value.array
 
     def _hop_view(self, i: int, e: Any) -> Any:
         """Segment i's gradient-input slot for its output e, shaped as e."""
@@ -461,11 +480,20 @@ class SegmentedExecutor(Driver):
         seen: set = set()
         for d in extra:
             for e, v in d.items():
-                if id(v) not in held and id(v) not in seen:
+                if id(v) not in held and id(v) not in seen and type(v) is not _InTemplate:
                     seen.add(id(v))
                     total += size[e]
         if total > self.peak_kept_bytes:
             self.peak_kept_bytes = total
+
+
+class _InTemplate:
+    """A boundary value still in its template's output array (not copied out)."""
+
+    __slots__ = ("array", "spec", "run")
+
+    def __init__(self, array: Any, spec: tuple, run: int) -> None:
+        self.array, self.spec, self.run = array, spec, run
 
 
 def _fits(buffers: dict | None, name: str, shape: tuple, dtype: str) -> bool:

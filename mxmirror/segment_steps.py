@@ -26,7 +26,7 @@ class SegmentSteps:
     copies: list[tuple[Any, Any]]  # (parameter or statistic, its slot): copied in per run
     masks: list[tuple[int, Any]]  # (Dropout node, its mask slot)
     keep: frozenset  # the values crossing the cut after this segment
-    outputs: list[tuple]  # (boundary value entry, engine_calls.alloc_spec), in output order
+    outputs: list[tuple]  # (boundary value, engine_calls.alloc_spec, read by the next only)
     heads: list[tuple[int, Any]]  # (template output index, the user's output array)
     grad_inputs: list[tuple[str, Any, Any, Any]]  # (kind, key, slot, slot as the value)
     param_grads: list[tuple[Any, Any]]  # (the user's gradient, its slot): accumulated
@@ -40,6 +40,7 @@ class SegmentSteps:
     def build(cls, seg: Segment, ex: Any, exe: Any, crossing: set, user_bound: set) -> SegmentSteps:
         """`exe`: the SegmentedExecutor (its user arrays, masks and grad_req)."""
         args, grads, auxs = ex.arg_dict, ex.grad_dict, ex.aux_dict
+        one_hop = exe.sg.one_hop
         states, copies, masks, grad_inputs, param_grads, state_grads, aux_out = \
             [], [], [], [], [], [], []
         for name, key in seg.slots:
@@ -66,7 +67,7 @@ class SegmentSteps:
         heads = [(len(seg.outputs) + j, exe.outputs[h]) for j, h in enumerate(seg.heads)]
         outs = [ex.outputs[j] for j in range(len(seg.outputs))]
         value_bytes = {e: _nbytes(a) for e, a in zip(seg.outputs, outs)}
-        outputs = [(e, calls.alloc_spec(tuple(a.shape), a.dtype, exe.ctx))
+        outputs = [(e, calls.alloc_spec(tuple(a.shape), a.dtype, exe.ctx), e in one_hop)
                    for e, a in zip(seg.outputs, outs)]
         return cls(ex, states, copies, masks, frozenset(crossing), outputs, heads,
                    grad_inputs, param_grads, [g for _, g in param_grads], state_grads,

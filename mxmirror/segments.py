@@ -94,9 +94,11 @@ class Segments:
 
     @cached_property
     def one_hop(self) -> frozenset:
-        """Values read only by the segment right after their producer's: their gradient
-        goes straight from the reader's gradient slot into the producer's gradient-input
-        slot (the next backward is the producer's), never held in between."""
+        """Values read only by the segment right after their producer's: in a forward,
+        the value goes straight from the producer's output into the reader's slot (copied
+        out only if its state is held); its gradient goes straight from the reader's
+        gradient slot into the producer's gradient-input slot (the next backward is the
+        producer's), never held in between."""
         out = set()
         for i in range(1, self.m):
             before = self.crossing[i - 1]
@@ -447,8 +449,10 @@ class _DryDriver(Driver):
 
     def _note(self, *extra: dict) -> None:
         alive: set = set()
-        for d in list(self.held.values()) + list(extra):
+        for d in self.held.values():
             alive |= set(d)
+        for d in extra:  # a one-hop value not held stays in its template's output
+            alive |= {e for e in d if e not in self.sg.one_hop}
         sb = sum(self.sg.entry_bytes(e) for e in alive)
         gb = sum(self.grads.values())
         self.peak_state = max(self.peak_state, sb)
