@@ -31,6 +31,7 @@ import pytest
 
 import mxmirror
 from mxmirror.api import prepare
+from mxmirror.device_memory import resident_bytes
 from mxmirror.planners import STRATEGIES
 from symbols.chain import conv_chain
 
@@ -357,6 +358,9 @@ def test_memory_reports_the_whole_plan(policy, budget, tmp_path) -> None:
     p = mxmirror.plan(sym, policy=policy, budget=budget, **_shapes("cnn", 8))
     stepped = p.execution.measure(p, steps=1)
     assert stepped["measured_mb"] == out["segmented_mb"]["measured_mb"]
+    # the user's arrays (what `mxmirror fit` adds to the plan's figure) as predicted
+    user_mb = sum(resident_bytes(p.analysis.graph)) / 2**20
+    assert user_mb > 0 and abs(stepped["user_mb"] - user_mb) < 1e-3
     pool_mb = stepped["measured_mb"]["pool"]
     assert max(stepped["template_mxnet_mb"]) <= pool_mb + 1  # each drawn from the pool
 
