@@ -7,9 +7,6 @@ it writes them; every executor mxmirror binds orders them. "True" values: a plai
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import mxnet as mx
@@ -20,9 +17,9 @@ import mxmirror
 from mxmirror import aux_order, executor
 from mxmirror.executor import SegmentedExecutor
 from mxmirror.mxnet_adapter import unhooked
+from tests import mkldnn_off
 
-ROOT = Path(__file__).resolve().parents[1]
-NO_MKLDNN = os.environ.get("MXNET_MKLDNN_ENABLED") == "0"
+NO_MKLDNN = not mkldnn_off.MKLDNN
 BATCH, SIZE = 8, 8
 DEPTH = 32  # blocks: deep enough that recursive stays segmented under never-worse
 
@@ -209,11 +206,6 @@ def test_segmented_executor_uses_the_same_ordering() -> None:
 
 def test_without_mkldnn() -> None:
     """The same checks in a child with MXNET_MKLDNN_ENABLED=0 (read at process start)."""
-    if NO_MKLDNN:
+    if not mkldnn_off.MKLDNN:
         pytest.skip("already the child")
-    env = dict(os.environ, MXNET_MKLDNN_ENABLED="0", MXNET_STORAGE_FALLBACK_LOG_VERBOSE="0")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:warnings",
-                           __file__, "-k", "not without_mkldnn"], capture_output=True,
-                          text=True, env=env, cwd=ROOT, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    assert " failed" not in proc.stdout and "xfail" not in proc.stdout
+    mkldnn_off.run_pytest(__file__, "not without_mkldnn")

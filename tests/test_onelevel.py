@@ -11,11 +11,6 @@ test_segmented_users) and against the unchanged graph in a child with MKL-DNN of
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import mxnet as mx
 import numpy as np
 import pytest
@@ -26,9 +21,9 @@ from mxmirror.executor import SegmentedExecutor
 from mxmirror.planners import dp
 from symbols.lstm import input_shapes, paper_lstm
 from symbols.resnet import resnet_by_depth
+from tests import mkldnn_off
 
-ROOT = Path(__file__).resolve().parents[1]
-MKLDNN = os.environ.get("MXNET_MKLDNN_ENABLED") != "0"
+MKLDNN = mkldnn_off.MKLDNN
 STEPS, LR = 2, 0.05
 
 
@@ -142,9 +137,4 @@ def test_without_mkldnn() -> None:
     """The same schedules bit-identical to the unchanged graph with MKL-DNN off (child)."""
     if not MKLDNN:
         pytest.skip("already the child")
-    env = dict(os.environ, MXNET_MKLDNN_ENABLED="0", MXNET_SUBGRAPH_VERBOSE="0")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:warnings",
-                           __file__, "-k", "train_like_mxnet"], capture_output=True,
-                          text=True, env=env, cwd=ROOT, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "2 passed" in proc.stdout
+    mkldnn_off.run_pytest(__file__, "train_like_mxnet", passed=2)

@@ -39,12 +39,13 @@ from mxmirror.segments import (
 )
 from symbols.lstm import input_shapes, paper_lstm
 from symbols.resnet import resnet_by_depth
+from tests import mkldnn_off
 
 ROOT = Path(__file__).resolve().parents[1]
 # With MKLDNN a boundary value arrives in plain layout where the unplanned executor had a
 # blocked one, so a few sums run in another order (differences of a few 1e-6); without
 # MKLDNN (the child in test_bitwise_without_mkldnn) every value is bit-identical.
-EXACT = os.environ.get("MXNET_MKLDNN_ENABLED") == "0"
+EXACT = not mkldnn_off.MKLDNN
 RTOL, ATOL = (0.0, 0.0) if EXACT else (1e-5, 1e-5)
 STEPS, LR = 2, 0.05
 
@@ -189,13 +190,7 @@ def test_bitwise_without_mkldnn() -> None:
     """Without MKLDNN's layouts the segmented run is bit-identical to MXNet's (child)."""
     if EXACT:
         pytest.skip("already the child")
-    env = dict(os.environ, MXNET_MKLDNN_ENABLED="0", MXNET_SUBGRAPH_VERBOSE="0",
-               MXNET_STORAGE_FALLBACK_LOG_VERBOSE="0")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:warnings",
-                           __file__, "-k", "equals_unplanned"], capture_output=True,
-                          text=True, env=env, cwd=ROOT, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "2 passed" in proc.stdout
+    mkldnn_off.run_pytest(__file__, "equals_unplanned", passed=2)
 
 
 # ------------------------------------------------------------ schedules

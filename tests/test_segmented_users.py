@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,9 +33,10 @@ from mxmirror.api import prepare
 from mxmirror.device_memory import resident_bytes
 from mxmirror.planners import STRATEGIES
 from symbols.chain import conv_chain
+from tests import mkldnn_off
 
 ROOT = Path(__file__).resolve().parents[1]
-MKLDNN = os.environ.get("MXNET_MKLDNN_ENABLED") != "0"
+MKLDNN = mkldnn_off.MKLDNN
 BATCH, CLASSES = 4, 10
 VOCAB, HIDDEN = 12, 8
 
@@ -375,10 +375,4 @@ def test_without_mkldnn() -> None:
     """The cases above in a child with MXNET_MKLDNN_ENABLED=0 (read at process start)."""
     if not MKLDNN:
         pytest.skip("already the child")
-    env = dict(os.environ, MXNET_MKLDNN_ENABLED="0", MXNET_SUBGRAPH_VERBOSE="0",
-               MXNET_STORAGE_FALLBACK_LOG_VERBOSE="0")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:warnings",
-                           "-p", "no:cacheprovider", __file__, "-k", CHILD],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    assert " passed" in proc.stdout and "skipped" not in proc.stdout
+    mkldnn_off.run_pytest(__file__, CHILD)
