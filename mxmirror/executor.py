@@ -15,7 +15,8 @@ Correctness:
   same mask, and with the same seed the masks are bit-identical to those of an
   unplanned executor (tests/test_segmented.py).
 - Parameter gradients are accumulated across segments (shared weights of an
-  unrolled LSTM), honouring grad_req write/add/null.
+  unrolled LSTM), honouring grad_req write/add/null: straight into the user's
+  gradient where that sums as MXNet does (grad_sums.py), else through a slot.
 """
 
 from __future__ import annotations
