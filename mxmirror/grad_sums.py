@@ -3,7 +3,8 @@
 A weight read by several segments (an unrolled LSTM's layer weights) gets one gradient
 contribution per use. MXNet's whole-graph executor sums them with its own expression
 (``AggregateGradient`` in src/executor/graph_executor.cc of 1.9.1): the contributions in
-the reverse of the forward DFS order (nnvm's gradient pass), zeros dropped; one is used
+the reverse of the forward DFS order (nnvm's gradient pass), zeros dropped (a weight's
+never are, so the model keeps every contribution); one is used
 as is; fewer than ``MXNET_EXEC_INPLACE_GRAD_SUM_CAP`` (8) go to one ``ElementWiseSum``,
 whose CPU kernel adds 2-4 inputs right to left (``a + (b + (c + d))``) and 5 or more left
 to right; more go to a left-to-right chain of ``_grad_add``. Float sums depend on that
@@ -20,7 +21,7 @@ that computes it, which rounds like a separate add only for FullyConnected's bia
 with few rows, its weight (one BLAS block, see ``_FC_ROWS``); Embedding, Convolution and
 others do not (measured).
 
-``added_in_place`` models all three expressions on the graph and binds a weight in place
+``weight_sums`` models all three expressions on the graph and binds a weight in place
 only where its sum is then MXNet's own expression, term for term; elsewhere the slot path
 stays (which may itself differ from MXNet, e.g. when a segment holds several of a
 weight's uses: issue 13, item 5).
