@@ -15,7 +15,8 @@ Correctness:
   same mask, and with the same seed the masks are bit-identical to those of an
   unplanned executor (tests/test_segmented.py).
 - Parameter gradients are accumulated across segments (shared weights of an
-  unrolled LSTM), honouring grad_req write/add/null.
+  unrolled LSTM), honouring grad_req write/add/null: straight into the user's
+  gradient where that sums as MXNet does (grad_sums.py), else through a slot.
 """
 
 from __future__ import annotations
@@ -102,12 +103,14 @@ class SegmentedExecutor(Driver):
         # dict per bind, as MXNet adds the arrays it allocates (parameter slots) to it
         self._slot_buffer = self._slot_arrays()
         self._user_bound: set[tuple[str, str]] = set()  # (template, slot) on user arrays
+        self._grad_bound: set[tuple[str, str]] = set()  # ... adding into the user's gradient
         for key in plan.bind_order():
             seg = by_key[key]
             sym = mx.sym.load_json(seg.json)
-            ex = raw(sym, ctx, grad_req=sg.slot_req[key], type_dict=sg.slot_types[key],
-                     shared_exec=owner, shared_buffer=self._bind_buffer(seg),
-                     **sg.slot_shapes[key])
+            buf = self._bind_buffer(seg)
+            req = dict(sg.slot_req[key], **{n: "add" for k, n in self._grad_bound if k == key})
+            ex = raw(sym, ctx, grad_req=req, type_dict=sg.slot_types[key],
+                     shared_exec=owner, shared_buffer=buf, **sg.slot_shapes[key])
             owner = owner or ex
             self._execs[key] = ex
         self._ones: dict[tuple, Any] = {}
@@ -146,7 +149,8 @@ class SegmentedExecutor(Driver):
                 if key[0] == "aux":
                     continue
                 names = [] if key[0] == "arg" else [name]
-                names += ["grad of " + name] if req.get(name) != "null" else []
+                if req.get(name) != "null" and (seg.key, name) not in self.sg.grad_slots:
+                    names.append("grad of " + name)
                 for n in names:
                     size, dtype = prod(shapes[name]), types[name]
                     old = need.get(n)
@@ -160,7 +164,8 @@ class SegmentedExecutor(Driver):
     def _bind_buffer(self, seg: Segment) -> dict:
         """The shared_buffer one template binds with: the shared slots, and the user's own
         arrays for the parameter slots that read the same variable in every segment of the
-        template (Segments.user_slots: no other segment's values take turns there)."""
+        template (Segments.user_slots: no other segment's values take turns there), and
+        the user's gradient where the template adds into it (Segments.grad_slots)."""
         import numpy as np
 
         buf = dict(self._slot_buffer)
@@ -173,6 +178,11 @@ class SegmentedExecutor(Driver):
                     np.dtype(user.dtype) == np.dtype(types[name]):
                 buf[name] = user
                 self._user_bound.add((seg.key, name))
+                if (seg.key, name) in self.sg.grad_slots:
+                    # the template adds its gradient into the user's (grad_req 'add';
+                    # backward zeroes the user's first where it asked for 'write')
+                    buf["grad of " + name] = self.grad_dict[key[1]]
+                    self._grad_bound.add((seg.key, name))
         return buf
 
     def _owner(self, raw: Any) -> Any:
@@ -352,7 +362,7 @@ class SegmentedExecutor(Driver):
         if st is None:
             seg = self.sg.segments[i - 1]
             st = SegmentSteps.build(seg, self._execs[seg.key], self, self.sg.crossing[i],
-                                    self._user_bound)
+                                    self._user_bound, self._grad_bound)
             self._segment_steps[i] = st
             self._value_bytes.update(st.value_bytes)
         return st

@@ -41,7 +41,8 @@ def allocated_bytes(ex: Any) -> dict[str, int]:
             lent = name in ex._slot_buffer or (key, name) in ex._user_bound
             own += 0 if lent else _nbytes(a)
         for name, g in t.grad_dict.items():
-            own += 0 if g is None or "grad of " + name in ex._slot_buffer else _nbytes(g)
+            lent = "grad of " + name in ex._slot_buffer or (key, name) in ex._grad_bound
+            own += 0 if g is None or lent else _nbytes(g)
     masks = sum(_nbytes(a) for a in list(ex._ones.values()) + list(ex._masks.values()))
     ran = ex.forward_flops_run > 0
     kept = ex.peak_kept_bytes if ran else ex.plan.dry.peak_bytes

@@ -37,8 +37,10 @@ class SegmentSteps:
     value_bytes: dict  # boundary value entry -> bytes of the array holding it
 
     @classmethod
-    def build(cls, seg: Segment, ex: Any, exe: Any, crossing: set, user_bound: set) -> SegmentSteps:
-        """`exe`: the SegmentedExecutor (its user arrays, masks and grad_req)."""
+    def build(cls, seg: Segment, ex: Any, exe: Any, crossing: set, user_bound: set,
+              grad_bound: set) -> SegmentSteps:
+        """`exe`: the SegmentedExecutor (its user arrays, masks and grad_req); `user_bound`,
+        `grad_bound`: (template, slot) bound to the user's value, and gradient."""
         args, grads, auxs = ex.arg_dict, ex.grad_dict, ex.aux_dict
         one_hop = exe.sg.one_hop
         states, copies, masks, grad_inputs, param_grads, state_grads, aux_out = \
@@ -52,7 +54,7 @@ class SegmentSteps:
             elif kind == "arg":
                 if (seg.key, name) not in user_bound:
                     copies.append((exe.arg_dict[key[1]], args[name]))
-                if exe.req_of(key[1]) != "null":
+                if exe.req_of(key[1]) != "null" and (seg.key, name) not in grad_bound:
                     param_grads.append((exe.grad_dict[key[1]], grads[name]))
             elif kind == "aux":
                 copies.append((exe.aux_dict[key[1]], auxs[name]))

@@ -93,6 +93,14 @@ class Segments:
         return frozenset(k for k, v in var.items() if len(v) == 1)
 
     @cached_property
+    def grad_slots(self) -> frozenset:
+        """The user slots whose gradient the template adds straight into the user's
+        gradient array, no slot between (grad_sums.added_in_place)."""
+        from .grad_sums import added_in_place
+
+        return added_in_place(self)
+
+    @cached_property
     def one_hop(self) -> frozenset:
         """Values read only by the segment right after their producer's: in a forward,
         the value goes straight from the producer's output into the reader's slot (copied
@@ -550,9 +558,10 @@ def template_memory(sg: Segments) -> tuple[dict[str, int], dict[str, list[int]]]
 def staging_bytes(sg: Segments) -> int:
     """Every slot array the executor binds besides the pool: activation slots (boundary
     values and their gradients, gradient inputs, Dropout masks) shared by name across
-    templates, so the largest per name; parameter slots (weights, labels, data, with their
-    gradients) per template, as each template has its own; auxiliary slots (BatchNorm
-    statistics) per name, held by the pool's owner."""
+    templates, so the largest per name; parameter slots (weights, labels, data) per
+    template, as each template has its own, and their gradients shared by name, except
+    where the template adds into the user's gradient (Segments.grad_slots); auxiliary
+    slots (BatchNorm statistics) per name, held by the pool's owner."""
     shared: dict[str, int] = {}
     own = 0
     seen: set[str] = set()
@@ -570,7 +579,7 @@ def staging_bytes(sg: Segments) -> int:
                 own += b if seg.key not in seen and (seg.key, name) not in sg.user_slots else 0
             else:
                 shared[name] = max(shared.get(name, 0), b)
-            if grad:
+            if grad and (seg.key, name) not in sg.grad_slots:  # else the user's gradient
                 shared["grad of " + name] = max(shared.get("grad of " + name, 0), grad)
         seen.add(seg.key)
     return own + sum(shared.values())

@@ -128,7 +128,7 @@ def slot_split(sp) -> dict[str, float]:
                     else 0
             else:
                 shared[name] = ("boundary", max(shared.get(name, ("", 0))[1], b))
-            if req.get(name) != "null":
+            if req.get(name) != "null" and (seg.key, name) not in sg.grad_slots:
                 role = "parameter gradients" if key[0] == "arg" else "boundary"
                 g = "grad of " + name
                 shared[g] = (role, max(shared.get(g, ("", 0))[1], b))

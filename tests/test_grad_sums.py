@@ -1,0 +1,168 @@
+"""A shared weight's gradient summed as MXNet sums it (grad_sums.py).
+
+Checked against MXNet itself: the modelled expression of MXNet's gradient aggregation for
+1-9 uses of one weight, evaluated in float32, equals MXNet's whole-graph gradient bit for
+bit (MKL-DNN off, where ElementWiseSum is MXNet's own kernel); the segmented executor,
+on every chain the multi-level DP runs on, gives every weight the model calls exact the
+unplanned run's gradient bit for bit (MKL-DNN off and on), adds in place wherever that
+stays exact, and the weights the model calls inexact (segments holding 2-4 of a weight's
+uses) do differ: the slot path stays there. In-place weights hold no gradient slot
+(measured).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import mxnet as mx
+import numpy as np
+import pytest
+from test_onelevel import _fill, _nets
+
+from mxmirror.api import prepare
+from mxmirror.executor import SegmentedExecutor
+from mxmirror.grad_sums import _contributions, _into
+from mxmirror.planners import dp
+from mxmirror.segments import make_segment_plan, store_all_tree
+from tests import mkldnn_off
+
+MKLDNN = mkldnn_off.MKLDNN
+
+
+def _uses(k: int, shared: bool):
+    """k FullyConnected layers on k inputs, all on weight `w` (or w0..w{k-1}), summed."""
+    out, one = None, mx.sym.Variable("w")
+    for i in range(k):
+        w = one if shared else mx.sym.Variable(f"w{i}")
+        y = mx.sym.FullyConnected(mx.sym.Variable(f"x{i}"), w, no_bias=True, num_hidden=8,
+                                  name=f"fc{i}")
+        out = y if out is None else out + y
+    return out
+
+
+def test_model_is_mxnets_sum() -> None:
+    """MXNet's gradient of a weight used k = 1..9 times equals the modelled expression over
+    the k contributions (each bound on its own variable), evaluated in float32."""
+    if MKLDNN:
+        pytest.skip("MKL-DNN sums with its own kernel: run in the child")
+    for k in range(1, 10):
+        _check_sum(k)
+
+
+def _check_sum(k: int) -> None:
+    shapes = {f"x{i}": (5, 7) for i in range(k)}
+    sym, apart = _uses(k, True), _uses(k, False)
+    rng = np.random.RandomState(k)
+    x = {n: rng.uniform(-1, 1, s) for n, s in shapes.items()}
+    w = rng.uniform(-1, 1, (8, 7))
+    head = mx.nd.array(rng.uniform(-1, 1, (5, 8)))
+    grads = []
+    for s, names in ((sym, ["w"]), (apart, [f"w{i}" for i in range(k)])):
+        ex = s.simple_bind(mx.cpu(), grad_req={n: "write" if n in names else "null"
+                                               for n in s.list_arguments()}, **shapes)
+        for n, v in x.items():
+            ex.arg_dict[n][:] = v
+        for n in names:
+            ex.arg_dict[n][:] = w
+        ex.forward(is_train=True)
+        ex.backward(head)
+        grads.append({n: ex.grad_dict[n].asnumpy() for n in names})
+    graph = prepare(sym, **shapes).analysis.graph
+    var = graph.by_name()["w"].id
+    leaf = {(graph.by_name()[f"fc{i}"].id, 1): grads[1][f"w{i}"] for i in range(k)}
+    expr = _into(None, _contributions(graph, graph.forward_order)[var], graph, 8)
+    assert np.array_equal(_evaluate(expr, leaf), grads[0]["w"])
+
+
+def _evaluate(expr, leaf: dict) -> np.ndarray:
+    if expr[0] == "+":
+        return (_evaluate(expr[1], leaf) + _evaluate(expr[2], leaf)).astype(np.float32)
+    return leaf[expr]
+
+
+def _every_chain(prep):
+    a = prep.analysis
+    for c in dp.chains(a):
+        sg = c.segments
+        yield make_segment_plan(a.graph, sg.cuts, store_all_tree(sg.m), sg=sg,
+                                mem=(c.template_bytes, c.template_blocks))
+
+
+def test_lstm_weights_sum_like_mxnet() -> None:
+    """Store-all over every DP chain of a 2-layer LSTM (8 steps, weights shared by every
+    step): every weight the model calls exact is bitwise the unplanned gradient (MKL-DNN on
+    and off); chains with one use of a weight per segment add every weight in place; the
+    weights called inexact differ (MKL-DNN off)."""
+    from mxmirror.grad_sums import weight_sums
+
+    sym, shapes = _nets()["lstm"]
+    prep = prepare(sym, **shapes)
+    req = {a: ("null" if a in shapes else "write") for a in sym.list_arguments()}
+    kinds = set()
+    for sp in _every_chain(prep):
+        sums = weight_sums(sp.segments)
+        ref = sym.simple_bind(mx.cpu(), grad_req=req, **shapes)
+        ex = SegmentedExecutor(sym, mx.cpu(), sp)
+        _fill(sym, shapes, [ref, ex])
+        for e in (ref, ex):
+            mx.random.seed(11)
+            e.forward(is_train=True)
+            e.backward()
+        for name, (slots, exact) in sums.items():
+            same = np.array_equal(ref.grad_dict[name].asnumpy(), ex.grad_dict[name].asnumpy())
+            assert same or not exact, (sp.segments.m, name)
+            if not MKLDNN:
+                assert same == exact, (sp.segments.m, name)
+            kinds.add((bool(slots), exact))
+        for name, g in ref.grad_dict.items():  # the rest (inputs without gradient here)
+            if g is not None and name not in sums:
+                assert np.array_equal(g.asnumpy(), ex.grad_dict[name].asnumpy()), name
+    assert kinds == {(True, True), (False, False)}
+
+
+def test_resnet_weights_in_place() -> None:
+    """A ResNet's weights each have one use: every weight of a template bound to the user's
+    arrays is added in place, and is exact."""
+    from mxmirror.grad_sums import weight_sums
+
+    sym, shapes = _nets()["resnet"]
+    sp = next(_every_chain(prepare(sym, **shapes)))
+    sums = weight_sums(sp.segments)
+    assert all(exact for _, exact in sums.values())
+    assert any(slots for slots, _ in sums.values())
+    bound = {(k, n) for slots, _ in sums.values() for k, n in slots}
+    assert bound == set(sp.segments.grad_slots) and bound <= sp.segments.user_slots
+
+
+def test_without_mkldnn() -> None:
+    """The model and the LSTM's sums with MKL-DNN off (child)."""
+    if not MKLDNN:
+        pytest.skip("already the child")
+    mkldnn_off.run_pytest(__file__, "model_is_mxnets_sum or lstm_weights", passed=2)
+
+
+def test_in_place_gradients_have_no_slot() -> None:
+    """A template that adds a weight's gradient in place binds the user's own gradient
+    memory; no gradient slot is predicted or allocated for it, and the whole plan is
+    measured as predicted (in a child: every array the executor holds)."""
+    from mxmirror.measure import measure
+
+    sym, shapes = _nets()["lstm"]
+    prep = prepare(sym, **shapes)
+    sp = next(_every_chain(prep))
+    sg = sp.segments
+    assert sg.grad_slots
+    r = measure(sp, prep.source_json)
+    assert abs(r["measured_mb"]["slots"] - r["predicted_mb"]["slots"]) < 0.01
+    ex = SegmentedExecutor(sym, mx.cpu(), sp)
+    assert not any("grad of " + n in ex._slot_buffer for _, n in sg.grad_slots)
+    for seg in sg.segments:
+        for n, key in seg.slots:
+            if (seg.key, n) in sg.grad_slots:
+                assert _data(ex.executors[seg.key].grad_dict[n]) == _data(ex.grad_dict[key[1]])
+
+
+def _data(a) -> int:
+    p = ctypes.c_void_p()
+    mx.base._LIB.MXNDArrayGetData(a.handle, ctypes.byref(p))
+    return p.value
