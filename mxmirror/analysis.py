@@ -9,8 +9,6 @@ nodes that must never be recomputed, and the simulated score of any mirror set
 
 from __future__ import annotations
 
-import contextlib
-import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -235,7 +233,7 @@ class Analysis:
             planned = sim.total_bytes
             extra = sum(self.graph.nodes[g].flops for g in copies)
         else:
-            with _gc_paused():
+            with memory.gc_paused():
                 tg = training_graph.build(self.graph, kept)
                 planned = memory.simulate(tg).total_bytes
             extra = sum(self.graph.nodes[t.fwd].flops for t in tg.nodes if t.role == "mirror")
@@ -305,16 +303,3 @@ def backward_reads(node: Node) -> set[int]:
     if tpl is None:
         return set(range(len(node.inputs)))
     return {r[1] for tn in tpl.nodes for r in tn.inputs if r[0] == "in"}
-
-
-@contextlib.contextmanager
-def _gc_paused():
-    """The training graph is a DAG freed by reference counts; the cyclic collector only
-    rescans the ~10^5 objects of a big graph over and over (3x slower builds)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()

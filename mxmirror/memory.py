@@ -13,6 +13,8 @@ Strategies: ``none`` (every entry its own buffer), ``inplace`` (in-place only),
 from __future__ import annotations
 
 import bisect
+import contextlib
+import gc
 from dataclasses import dataclass, field
 
 from . import ops
@@ -101,34 +103,56 @@ def simulate(tg: TrainingGraph, strategy: str = "sharing", match_range: int = 16
 Step = tuple  # (in-place pairs, ignores all inputs, allocations, inputs released, outputs)
 
 
-def node_steps(fg: FlatGraph) -> list[Step | None]:
+@contextlib.contextmanager
+def gc_paused():
+    """Big graphs are DAGs freed by reference counts; building ~10^5 small objects (a training
+    graph, node_steps' tuples) makes the cyclic collector rescan the heap over and over."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def node_steps(fg: FlatGraph, nodes: list[int] | None = None) -> list[Step | None]:
     """What simulate_flat needs per node that no mirror set changes, decoded once: in-place
     pairs as (input slot, output entry, output elements, identity), the outputs to allocate
     as (entry, bytes) in allocation order, the input slots whose reads are counted, and the
-    output entries. Reads of variables are left out: nothing here allocates them. A
-    CompiledTraining keeps these for every FlatGraph it resolves (its slots that may read
-    another entry per mirror set never read a variable)."""
-    steps: list[Step | None] = []
-    in_start, base_of, out_order, ins = fg.in_start, fg.base, fg.out_order, fg.ins
+    output entries. Reads of variables are left out: nothing here allocates them. Only
+    `nodes` are decoded (default: all). A CompiledTraining keeps these for every FlatGraph
+    it resolves (its slots that may read another entry per mirror set never read a
+    variable)."""
+    facts, all_sizes, in_start, base_of, out_order, ins = (
+        fg.facts, fg.sizes, fg.in_start, fg.base, fg.out_order, fg.ins)
     planned = [True] * len(fg.esize)
-    for i, f in enumerate(fg.facts):
+    for i, f in enumerate(facts):
         if f is None:
-            planned[base_of[i]:base_of[i] + len(fg.sizes[i])] = [False] * len(fg.sizes[i])
-    for i, f in enumerate(fg.facts):
-        if f is None:
-            steps.append(None)
-            continue
-        sizes, base = fg.sizes[i], base_of[i]
-        lo, n_in, n_out = in_start[i], in_start[i + 1] - in_start[i], len(sizes)
-        pairs = tuple((lo + i_in, base + i_out, sizes[i_out], identity)
-                      for (i_in, i_out), identity in zip(f.inplace, f.identity)
-                      if i_in < n_in and i_out < n_out and planned[ins[lo + i_in]])
-        ignore = f.ignore_inputs
-        steps.append((pairs, len(ignore) == n_in and n_in > 0,
-                      tuple((base + k, sizes[k] * ELEMENT_BYTES) for k in out_order[i]),
-                      tuple(lo + j for j in range(n_in)
-                            if j not in ignore and planned[ins[lo + j]]),
-                      range(base, base + n_out)))
+            n = len(all_sizes[i])
+            planned[base_of[i]:base_of[i] + n] = [False] * n
+    steps: list[Step | None] = [None] * len(facts)
+    with gc_paused():
+        for i in range(len(facts)) if nodes is None else nodes:
+            f = facts[i]
+            if f is None:
+                continue
+            sizes, base, lo, hi = all_sizes[i], base_of[i], in_start[i], in_start[i + 1]
+            n_out = len(sizes)
+            if n_out == 1:
+                allocs: tuple = ((base, sizes[0] * ELEMENT_BYTES),)
+            else:
+                allocs = tuple([(base + k, sizes[k] * ELEMENT_BYTES) for k in out_order[i]])
+            ignore = f.ignore_inputs
+            released = tuple([x for x in range(lo, hi)
+                              if planned[ins[x]] and not (ignore and x - lo in ignore)])
+            pairs: tuple = ()
+            if f.inplace:
+                pairs = tuple([(lo + i_in, base + i_out, sizes[i_out], identity)
+                               for (i_in, i_out), identity in zip(f.inplace, f.identity)
+                               if lo + i_in < hi and i_out < n_out and planned[ins[lo + i_in]]])
+            steps[i] = (pairs, len(ignore) == hi - lo > 0, allocs, released,
+                        range(base, base + n_out))
     return steps
 
 
@@ -152,7 +176,7 @@ def simulate_flat(fg: FlatGraph, strategy: str = "sharing", match_range: int = 1
     bisect_left, insort = bisect.bisect_left, bisect.insort
     n_entries = len(fg.esize)
     ins, esize = fg.ins, fg.esize
-    steps = fg.steps if fg.steps is not None else node_steps(fg)
+    steps = fg.steps if fg.steps is not None else node_steps(fg, fg.order)
     ref = fg.ref
     if ref is None:
         ref = [0] * n_entries
