@@ -9,8 +9,6 @@ nodes that must never be recomputed, and the simulated score of any mirror set
 
 from __future__ import annotations
 
-import contextlib
-import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -172,6 +170,17 @@ class Analysis:
         return out
 
     @cached_property
+    def recomputable(self) -> frozenset[int]:
+        """Op nodes that are not blockers: what a mirror set may hold."""
+        return frozenset(n.id for n in self.order if n.id not in self.blockers)
+
+    @cached_property
+    def cheap_recomputable(self) -> frozenset[int]:
+        """The recomputable nodes whose op is cheap to recompute."""
+        return frozenset(n.id for n in self.order
+                         if n.id in self.recomputable and ops.is_cheap(n.op))
+
+    @cached_property
     def skipped(self) -> dict[str, str]:
         """Names of the nodes never recomputed, with the reason (what a Plan reports)."""
         return {self.graph.nodes[i].name: why for i, why in self.blockers.items()}
@@ -224,7 +233,7 @@ class Analysis:
             planned = sim.total_bytes
             extra = sum(self.graph.nodes[g].flops for g in copies)
         else:
-            with _gc_paused():
+            with memory.gc_paused():
                 tg = training_graph.build(self.graph, kept)
                 planned = memory.simulate(tg).total_bytes
             extra = sum(self.graph.nodes[t.fwd].flops for t in tg.nodes if t.role == "mirror")
@@ -248,29 +257,30 @@ class Analysis:
         """
         kept = set(mirror)
         present: set[int] = set()
-        consumers = self.graph.consumers
-        facts = self._copy_facts
-        for v in reversed(self.order):
-            if v.id not in kept:
+        for v, reads_out, controls, must_write, consumers in self._copy_facts:
+            if v not in kept:
                 continue
-            reads_out, controls, never = facts[v.id]
-            read = reads_out or any(c in present for c in consumers.get(v.id, ()))
-            if v.op == "Dropout" or (not read and never):
-                kept.discard(v.id)
+            read = reads_out or not present.isdisjoint(consumers)
+            if must_write is None or (not read and must_write):
+                kept.discard(v)
             elif read or controls:
-                present.add(v.id)
+                present.add(v)
         return kept
 
     @cached_property
-    def _copy_facts(self) -> dict[int, tuple[bool, bool, bool]]:
-        """Per op node: its backward reads its outputs, its backward has a control dependency
-        on it, it must write (drop_unread's static facts)."""
-        out = {}
-        for v in self.order:
+    def _copy_facts(self) -> list[tuple[int, bool, bool, bool | None, tuple[int, ...]]]:
+        """Per op node, in reverse order: its id, whether its backward reads its outputs,
+        whether its backward has a control dependency on it, whether it must write (None:
+        Dropout, never copied), its consumers (drop_unread's static facts)."""
+        out = []
+        consumers = self.graph.consumers
+        for v in reversed(self.order):
             tpl = v.template
             nodes = tpl.nodes if tpl is not None else []
-            out[v.id] = (any(r[0] == "out" for tn in nodes for r in tn.inputs),
-                         any(tn.control_fwd for tn in nodes), v.op in ops.MUST_WRITE)
+            out.append((v.id, any(r[0] == "out" for tn in nodes for r in tn.inputs),
+                        any(tn.control_fwd for tn in nodes),
+                        None if v.op == "Dropout" else v.op in ops.MUST_WRITE,
+                        tuple(consumers.get(v.id, ()))))
         return out
 
     @cached_property
@@ -293,16 +303,3 @@ def backward_reads(node: Node) -> set[int]:
     if tpl is None:
         return set(range(len(node.inputs)))
     return {r[1] for tn in tpl.nodes for r in tn.inputs if r[0] == "in"}
-
-
-@contextlib.contextmanager
-def _gc_paused():
-    """The training graph is a DAG freed by reference counts; the cyclic collector only
-    rescans the ~10^5 objects of a big graph over and over (3x slower builds)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()

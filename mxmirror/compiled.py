@@ -227,10 +227,25 @@ class CompiledTraining:
         self._index_map = np.array(self.index_map, dtype=np.int64)
         self._ref_static = np.array(self.ref_static, dtype=np.int64)
         self._counted = np.array(self.counted_switches, dtype=np.int64)
+        # the reads of every copy, with the copy that reads (selected per mirror set)
+        sw_of = [c for c, v in self.copy_switches.items() for _ in v]
+        ent_of = [c for c, v in self.copy_entries.items() for _ in v]
+        self._copy_sw = np.array(list(chain.from_iterable(self.copy_switches.values())),
+                                 dtype=np.int64)
+        self._copy_sw_of = np.array(sw_of, dtype=np.int64)
+        self._copy_ent = np.array(list(chain.from_iterable(self.copy_entries.values())),
+                                  dtype=np.int64)
+        self._copy_ent_of = np.array(ent_of, dtype=np.int64)
         table = np.array(self.switch_table, dtype=np.int64).reshape(-1, 4)
         self._cond, self._src, self._orig, self._copied = table.T
         self._cond_at = np.maximum(self._cond, 0)
         self._n_graph = len(self.graph.nodes)
+        # the simulator's per-node facts, from the reads of the empty mirror set (a slot that
+        # reads another entry per set reads an op's output in every set: not a variable)
+        ins = np.concatenate((np.arange(n_entries), self._orig))[self._index_map].tolist()
+        self.steps = memory.node_steps(memory.FlatGraph(
+            [], self.facts, self.sizes, ins, self.in_start, self.base, self.esize, [], 0,
+            self.out_order))
 
     def _dfs(self, head: int, visited: bytearray, events: list[int]) -> None:
         """Post-order DFS (inputs, then control dependencies) that does not enter switches:
@@ -266,42 +281,39 @@ class CompiledTraining:
         copy, sources = self.copy, self.copy_sources
         order: list[int] = []
         made: list[int] = []
-        emitted: set[int] = set()
+        pending = set(mir)  # mirrored nodes whose copy is not placed yet
         for run, met in self.runs:
             order.extend(run)
             for cond, src in met:
-                if src not in mir or src in emitted or (cond >= 0 and cond not in mir):
+                if src not in pending or (cond >= 0 and cond not in mir):
                     continue
-                emitted.add(src)
-                stack = [(src, 0)]
+                pending.discard(src)
+                stack, inputs = [src], [iter(sources[src])]
                 while stack:  # the copy's own DFS: copies of its mirrored inputs first
-                    g, i = stack[-1]
-                    inputs = sources[g]
-                    while i < len(inputs):
-                        s = inputs[i]
-                        i += 1
-                        if s in mir and s not in emitted:
-                            emitted.add(s)
-                            stack[-1] = (g, i)
-                            stack.append((s, 0))
+                    for s in inputs[-1]:
+                        if s in pending:
+                            pending.discard(s)
+                            stack.append(s)
+                            inputs.append(iter(sources[s]))
                             break
                     else:
+                        g = stack.pop()
+                        inputs.pop()
                         order.append(copy[g])
                         made.append(g)
-                        stack.pop()
         mirrored = np.zeros(self._n_graph, dtype=bool)
         mirrored[list(mir)] = True
         on = mirrored[self._src] & ((self._cond < 0) | mirrored[self._cond_at])
         read = np.where(on, self._copied, self._orig)  # the entry each switch reads
         n_entries = len(self.esize)
         ins = np.concatenate((np.arange(n_entries), read))[self._index_map].tolist()
-        made_copies = [copy[g] for g in made]
-        sw = chain.from_iterable(self.copy_switches[c] for c in made_copies)
-        entries = chain.from_iterable(self.copy_entries[c] for c in made_copies)
-        readers = np.concatenate([read[self._counted], read[np.fromiter(sw, np.int64)],
-                                  np.fromiter(entries, np.int64)])
+        made_mask = np.zeros(len(self.op), dtype=bool)
+        made_mask[[copy[g] for g in made]] = True
+        readers = np.concatenate([read[self._counted],
+                                  read[self._copy_sw[made_mask[self._copy_sw_of]]],
+                                  self._copy_ent[made_mask[self._copy_ent_of]]])
         ref = (self._ref_static + np.bincount(readers, minlength=n_entries)).tolist()
         fg = memory.FlatGraph(order, self.facts, self.sizes, ins, self.in_start, self.base,
                               self.esize, self.out_entries, self.num_forward_outputs,
-                              self.out_order, ref)
+                              self.out_order, ref, self.steps)
         return fg, made

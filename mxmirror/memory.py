@@ -13,6 +13,8 @@ Strategies: ``none`` (every entry its own buffer), ``inplace`` (in-place only),
 from __future__ import annotations
 
 import bisect
+import contextlib
+import gc
 from dataclasses import dataclass, field
 
 from . import ops
@@ -64,6 +66,7 @@ class FlatGraph:
     num_forward_outputs: int
     out_order: list[tuple[int, ...]]  # per node: outputs in allocation order
     ref: list[int] | None = None  # reference counts, when known
+    steps: list | None = None  # node_steps(self), when known
 
 
 def allocation_order(sizes: list[int]) -> tuple[int, ...]:
@@ -97,6 +100,62 @@ def simulate(tg: TrainingGraph, strategy: str = "sharing", match_range: int = 16
     return simulate_flat(flatten(tg), strategy, match_range, timeline)
 
 
+Step = tuple  # (in-place pairs, ignores all inputs, allocations, inputs released, outputs)
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Big graphs are DAGs freed by reference counts; building ~10^5 small objects (a training
+    graph, node_steps' tuples) makes the cyclic collector rescan the heap over and over."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def node_steps(fg: FlatGraph, nodes: list[int] | None = None) -> list[Step | None]:
+    """What simulate_flat needs per node that no mirror set changes, decoded once: in-place
+    pairs as (input slot, output entry, output elements, identity), the outputs to allocate
+    as (entry, bytes) in allocation order, the input slots whose reads are counted, and the
+    output entries. Reads of variables are left out: nothing here allocates them. Only
+    `nodes` are decoded (default: all). A CompiledTraining keeps these for every FlatGraph
+    it resolves (its slots that may read another entry per mirror set never read a
+    variable)."""
+    facts, all_sizes, in_start, base_of, out_order, ins = (
+        fg.facts, fg.sizes, fg.in_start, fg.base, fg.out_order, fg.ins)
+    planned = [True] * len(fg.esize)
+    for i, f in enumerate(facts):
+        if f is None:
+            n = len(all_sizes[i])
+            planned[base_of[i]:base_of[i] + n] = [False] * n
+    steps: list[Step | None] = [None] * len(facts)
+    with gc_paused():
+        for i in range(len(facts)) if nodes is None else nodes:
+            f = facts[i]
+            if f is None:
+                continue
+            sizes, base, lo, hi = all_sizes[i], base_of[i], in_start[i], in_start[i + 1]
+            n_out = len(sizes)
+            if n_out == 1:
+                allocs: tuple = ((base, sizes[0] * ELEMENT_BYTES),)
+            else:
+                allocs = tuple([(base + k, sizes[k] * ELEMENT_BYTES) for k in out_order[i]])
+            ignore = f.ignore_inputs
+            released = tuple([x for x in range(lo, hi)
+                              if planned[ins[x]] and not (ignore and x - lo in ignore)])
+            pairs: tuple = ()
+            if f.inplace:
+                pairs = tuple([(lo + i_in, base + i_out, sizes[i_out], identity)
+                               for (i_in, i_out), identity in zip(f.inplace, f.identity)
+                               if lo + i_in < hi and i_out < n_out and planned[ins[lo + i_in]]])
+            steps[i] = (pairs, len(ignore) == hi - lo > 0, allocs, released,
+                        range(base, base + n_out))
+    return steps
+
+
 def simulate_flat(fg: FlatGraph, strategy: str = "sharing", match_range: int = 16,
                   timeline: bool = False, stop_at: int | None = None) -> SimResult | None:
     """MXPlanMemory over a FlatGraph (storage ids are indexed by its entries); None as soon
@@ -116,19 +175,16 @@ def simulate_flat(fg: FlatGraph, strategy: str = "sharing", match_range: int = 1
     blocks: list[int] = []
     bisect_left, insort = bisect.bisect_left, bisect.insort
     n_entries = len(fg.esize)
-    facts, sizes, ins, bases, esize = fg.facts, fg.sizes, fg.ins, fg.base, fg.esize
-    in_start, out_order = fg.in_start, fg.out_order
+    ins, esize = fg.ins, fg.esize
+    steps = fg.steps if fg.steps is not None else node_steps(fg, fg.order)
     ref = fg.ref
     if ref is None:
         ref = [0] * n_entries
         for i in fg.order:
-            f = facts[i]
-            if f is None:
-                continue
-            ignore = f.ignore_inputs
-            for j, e in enumerate(ins[in_start[i]:in_start[i + 1]]):
-                if j not in ignore:
-                    ref[e] += 1
+            st = steps[i]
+            if st is not None:
+                for x in st[3]:
+                    ref[ins[x]] += 1
         for e in fg.outputs:
             ref[e] += 1
     storage = [BAD] * n_entries
@@ -140,37 +196,28 @@ def simulate_flat(fg: FlatGraph, strategy: str = "sharing", match_range: int = 1
     live = total = seq = 0
     stop = stop_at if stop_at is not None else -1
     for i in fg.order:
-        f = facts[i]
-        if f is None:
+        st = steps[i]
+        if st is None:
             if timeline:
                 live_line.append(0)  # variables: nothing planned here
             continue
-        base = bases[i]
-        out_sizes = sizes[i]
-        n_out = len(out_sizes)
-        inputs = ins[in_start[i]:in_start[i + 1]]
-        if inplace and f.inplace:
-            n_in = len(inputs)
-            taken = [False] * n_in
-            ignore_all = len(f.ignore_inputs) == n_in and n_in > 0
-            for (i_in, i_out), identity in zip(f.inplace, f.identity):
-                if i_in >= n_in or i_out >= n_out:
-                    continue
-                eo = base + i_out
-                ei = inputs[i_in]
+        pairs, ignore_all, allocs, released, outs = st
+        unread = False
+        if pairs and inplace:
+            taken = []
+            for x, eo, out_size, identity in pairs:
+                ei = ins[x]
                 sid_in = storage[ei]
-                same = out_sizes[i_out] == esize[ei]
-                if (not taken[i_in] and storage[eo] == BAD and sid_in >= 0
-                        and ((sref[sid_in] == 1 and not ignore_all) or (identity and same))
-                        and ref[eo] > 0 and same):
-                    taken[i_in] = True
+                same = out_size == esize[ei]
+                if (sid_in >= 0 and same and storage[eo] == BAD and ref[eo] > 0
+                        and ((sref[sid_in] == 1 and not ignore_all) or identity)
+                        and x not in taken):
+                    taken.append(x)
                     storage[eo] = sid_in
                     sref[sid_in] += ref[eo]
-        for k in out_order[i]:  # allocate the rest
-            eo = base + k
+        for eo, size in allocs:  # allocate the rest
             if storage[eo] != BAD:
                 continue
-            size = out_sizes[k] * ELEMENT_BYTES
             sid = -1
             if mr:
                 mid = bisect_left(free, size << SEQ_BITS)
@@ -182,29 +229,31 @@ def simulate_flat(fg: FlatGraph, strategy: str = "sharing", match_range: int = 1
                 sid = len(blocks)
                 blocks.append(size)
                 total += size
+                if total >= stop >= 0:
+                    return None
             elif size > blocks[sid]:
                 total += size - blocks[sid]
                 blocks[sid] = size
-            if total >= stop >= 0:
-                return None
+                if total >= stop >= 0:
+                    return None
             storage[eo] = sid
             sref[sid] = ref[eo]
+            if not sref[sid]:
+                unread = True
             if timeline:
                 block_live[sid] = blocks[sid]
                 live += blocks[sid]
-        ignore = f.ignore_inputs
-        for j, e in enumerate(inputs):
-            sid = storage[e]
-            if sid < 0 or (ignore and j in ignore):
-                continue
-            sref[sid] -= 1
-            if not sref[sid]:
-                seq += 1
-                sid_at.append(sid)
-                insort(free, (blocks[sid] << SEQ_BITS) | seq)
-                if timeline:
-                    live -= block_live.pop(sid, 0)
-        for eo in range(base, base + n_out):
+        for x in released:
+            sid = storage[ins[x]]
+            if sid >= 0:
+                sref[sid] -= 1
+                if not sref[sid]:
+                    seq += 1
+                    sid_at.append(sid)
+                    insort(free, (blocks[sid] << SEQ_BITS) | seq)
+                    if timeline:
+                        live -= block_live.pop(sid, 0)
+        for eo in outs if unread else ():  # only a new block of an unread output is free
             sid = storage[eo]
             if sid >= 0 and not sref[sid]:
                 seq += 1

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .. import ops
 from ..analysis import Analysis, Cut, Score
 from ..segments import SegmentPlan, build_segments, make_segment_plan
 
@@ -51,10 +50,7 @@ def segment_mirror(a: Analysis, cuts: list[Cut], only_cheap: bool = False,
     keep: set[int] = set() if mirror_losses else set(a.losses)
     for c in cuts:
         keep |= c.keep
-    blockers = a.blockers
-    return {n.id for n in a.order
-            if n.id not in keep and n.id not in blockers
-            and not (only_cheap and not ops.is_cheap(n.op))}
+    return set(a.cheap_recomputable if only_cheap else a.recomputable).difference(keep)
 
 
 def greedy_cuts(a: Analysis, budget: float) -> list[Cut]:
