@@ -74,6 +74,7 @@ class PlannedBlock(_mx().gluon.Block):
         if block not in _watched:
             _watched.add(block)
             block.register_forward_pre_hook(_refuse_mixed_calls)
+        _wait_in_backward()
 
     def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
         if kwargs:  # Block.__call__ takes none: say what is supported instead of a TypeError
@@ -282,6 +283,37 @@ _chain_lock = threading.RLock()
 _chains: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # block -> {ctx: _Chain}
 _watched: weakref.WeakSet = weakref.WeakSet()  # blocks with _refuse_mixed_calls as pre-hook
 _calling = threading.local()
+
+
+def _wait_in_backward() -> None:
+    """Make autograd's backward() return only once the backward callbacks of the planned
+    calls it reached have queued their work. Until then, an op the caller queues next
+    that needs the callbacks' results and holds a temp-space resource (Adam's update in
+    Trainer.step, the next forward) would deadlock MXNet 1.9.1's engine as autograd's own
+    gradient sum does (module docstring)."""
+    mx = _mx()
+    if "backward" in _hook:
+        return
+    originals = _hook["backward"] = (mx.autograd.backward, mx.nd.NDArray.backward)
+
+    def backward(*args: Any, **kwargs: Any) -> None:
+        originals[0](*args, **kwargs)
+        _reached_calls_queued()
+
+    def array_backward(self: Any, *args: Any, **kwargs: Any) -> None:
+        originals[1](self, *args, **kwargs)
+        _reached_calls_queued()
+
+    mx.autograd.backward = backward
+    mx.nd.NDArray.backward = array_backward
+
+
+def _reached_calls_queued() -> None:
+    with _chain_lock:
+        for chains in list(_chains.values()):
+            for chain in chains.values():
+                for bound, _ in chain.calls:
+                    bound.free()  # waits for a reached call's callback
 
 
 def _chain(block: Any, ctx: Any) -> _Chain:
