@@ -283,6 +283,7 @@ _chain_lock = threading.RLock()
 _chains: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # block -> {ctx: _Chain}
 _watched: weakref.WeakSet = weakref.WeakSet()  # blocks with _refuse_mixed_calls as pre-hook
 _calling = threading.local()
+_backward_originals: list = []  # autograd.backward, NDArray.backward as MXNet has them
 
 
 def _wait_in_backward() -> None:
@@ -292,9 +293,10 @@ def _wait_in_backward() -> None:
     Trainer.step, the next forward) would deadlock MXNet 1.9.1's engine as autograd's own
     gradient sum does (module docstring)."""
     mx = _mx()
-    if "backward" in _hook:
+    if _backward_originals:
         return
-    originals = _hook["backward"] = (mx.autograd.backward, mx.nd.NDArray.backward)
+    originals = (mx.autograd.backward, mx.nd.NDArray.backward)
+    _backward_originals.extend(originals)
 
     def backward(*args: Any, **kwargs: Any) -> None:
         originals[0](*args, **kwargs)

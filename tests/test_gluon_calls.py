@@ -29,10 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def dense_bn(dtype="float32"):
+    """Deep enough for sqrt to recompute (checked in test_two_and_three_calls_like_plain)."""
     mx.random.seed(0)
     net = gluon.nn.HybridSequential()
-    net.add(gluon.nn.Dense(16), gluon.nn.BatchNorm(), gluon.nn.Activation("relu"),
-            gluon.nn.Dense(1))
+    for _ in range(4):
+        net.add(gluon.nn.Dense(32), gluon.nn.BatchNorm(), gluon.nn.Activation("relu"))
+    net.add(gluon.nn.Dense(1))
     net.initialize(mx.init.Xavier(), ctx=CTXS)
     return net
 
@@ -75,6 +77,11 @@ def calls(make, policy=None, n=2, steps=3, input_grad=False, shape=(8, 10), by_n
 
 
 def test_two_and_three_calls_like_plain():
+    planned = PlannedBlock(_hybridized(dense_bn), "sqrt")
+    with autograd.record():
+        (planned(mx.nd.zeros((8, 10))) + planned(mx.nd.ones((8, 10)))).mean().backward()
+    assert len(planned._bound) == 2
+    assert all(b.plan.mirrored for b in planned._bound.values())
     for n in (2, 3):
         plain = calls(dense_bn, n=n)
         for policy in ("none", "sqrt"):
@@ -87,7 +94,8 @@ def test_input_gradients_of_every_call():
     order of the calls (docs/gluon.md), so they are left out here."""
     plain = calls(dense_bn, n=2, input_grad=True)
     planned = calls(dense_bn, "sqrt", n=2, input_grad=True)
-    stats = {f"value.{k}" for k in (4, 5)}  # the BatchNorm's running mean and variance
+    names = [p.name for p in _hybridized(dense_bn).collect_params().values()]
+    stats = {f"value.{k}" for k, n in enumerate(names) if "running" in n}
     assert_same({k: v for k, v in planned.items() if k not in stats},
                 {k: v for k, v in plain.items() if k not in stats})
     assert any(not np.array_equal(planned[k], plain[k]) for k in stats)
@@ -131,8 +139,9 @@ class Discriminator(gluon.HybridBlock):
         super().__init__(**kw)
         with self.name_scope():
             self.body = gluon.nn.HybridSequential()
-            self.body.add(gluon.nn.Dense(32), gluon.nn.BatchNorm(), gluon.nn.LeakyReLU(0.2),
-                          gluon.nn.Dense(1))
+            for _ in range(3):
+                self.body.add(gluon.nn.Dense(32), gluon.nn.BatchNorm(), gluon.nn.LeakyReLU(0.2))
+            self.body.add(gluon.nn.Dense(1))
 
     def hybrid_forward(self, F, x):
         return self.body(x)
@@ -171,6 +180,9 @@ def dcgan(policy=None, steps=20, batch=8):
             err_g.backward()
             trainer_g.step(batch)
             losses.append((err_d.mean().asscalar(), err_g.mean().asscalar()))
+    if policy:  # the discriminator's plans recompute
+        bounds = mxmirror.gluon._planned[net_d]._bound.values()
+        assert len(bounds) == 3 and all(b.plan.mirrored for b in bounds)
     values = {f"{i}.{k}": p.data().asnumpy()
               for i, net in enumerate((net_g, net_d))
               for k, p in enumerate(net.collect_params().values())}
