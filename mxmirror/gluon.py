@@ -71,6 +71,7 @@ class PlannedBlock(_mx().gluon.Block):
         self.policy = policy
         self.budget = budget
         self._bound: dict[tuple, _Bound] = {}  # by (context, shapes, ..., call position)
+        self._weight_copies: dict[tuple, Any] = {}  # by (context, name, shape, dtype)
         if block not in _watched:
             _watched.add(block)
             block.register_forward_pre_hook(_refuse_mixed_calls)
@@ -93,6 +94,12 @@ class PlannedBlock(_mx().gluon.Block):
         _check_inputs(inputs, {})
         with _chain_lock:
             chain = _chain(self.block, inputs[0].context)
+            if chain.plain:
+                raise PlanError(
+                    f"PlannedBlock {self.block.name} is called after a recorded call of the "
+                    f"block itself that backward() has not reached: MXNet 1.9.1 deadlocks "
+                    f"summing their gradients. Call it through the PlannedBlock every time "
+                    f"in a record() (every call is planned), or call backward() between the two")
             position = chain.next_position()
             return self.bound(inputs, position).run(inputs, chain, position)
 
@@ -157,9 +164,14 @@ class _Bound:
             if name in names:
                 continue
             p = params[name]
-            # the executor's own copy: its backward runs from autograd's callback, after
-            # the caller may already have queued Trainer.step's in-place update
-            args[name] = mx.nd.empty(p.shape, ctx, dtype=p.dtype)
+            # a copy of the block's (one for all its executors on ctx): their backwards run
+            # from autograd's callbacks, after the caller may have queued Trainer.step's
+            # in-place update; every call refreshes it, with the same values in a record()
+            copy_key = (str(ctx), name, p.shape, _dtype(p.dtype))
+            args[name] = owner._weight_copies.get(copy_key)
+            if args[name] is None:
+                args[name] = owner._weight_copies[copy_key] = mx.nd.empty(p.shape, ctx,
+                                                                          dtype=p.dtype)
             reqs[name], types[name] = p.grad_req, _dtype(p.dtype)
             self.weights.append((args[name], p))
             if p.grad_req != "null":
@@ -266,6 +278,7 @@ class _Chain:
     def __init__(self) -> None:
         self.calls: list[tuple[_Bound, Any]] = []
         self.later: dict[int, list] = {}
+        self.plain = False  # a recorded call of the block itself, not yet backward()ed
 
     def pending(self) -> bool:
         """A recorded call that no backward() has reached (nor its tape dropped)."""
@@ -311,11 +324,18 @@ def _wait_in_backward() -> None:
 
 
 def _reached_calls_queued() -> None:
+    """Also forgets a recorded call of a block itself once backward() has written every
+    gradient of the block's Parameters (autograd marks them fresh)."""
     with _chain_lock:
-        for chains in list(_chains.values()):
-            for chain in chains.values():
+        for block, chains in list(_chains.items()):
+            for ctx, chain in chains.items():
                 for bound, _ in chain.calls:
                     bound.free()  # waits for a reached call's callback
+                if chain.plain:
+                    trained = [p for p in block.collect_params().values()
+                               if p.grad_req != "null"]
+                    chain.plain = not all(any(str(d.context) == ctx and d._fresh_grad
+                                              for d in p.list_data()) for p in trained)
 
 
 def _chain(block: Any, ctx: Any) -> _Chain:
@@ -344,14 +364,15 @@ def _refuse_mixed_calls(block: Any, inputs: tuple, inside: bool = False) -> None
     if not arrays or len(arrays) < len(inputs):
         return  # a graph being traced, or inputs a planned call would refuse anyway
     with _chain_lock:
-        chain = _chains.get(block, {}).get(str(arrays[0].context))
-        if chain is not None and chain.pending():
+        chain = _chain(block, arrays[0].context)
+        if chain.pending():
             raise PlanError(
                 f"{block.name} is called unplanned inside autograd.record() while a planned "
                 f"call of it (PlannedBlock, or mxmirror run / enabled()) waits for "
                 f"backward(): MXNet 1.9.1 deadlocks summing their gradients. Call it through "
                 f"the PlannedBlock every time in a record() (every call is planned), or "
                 f"call backward() between the two")
+        chain.plain = True
 
 
 def _bind_planned(owner: PlannedBlock, symbol: Any, ctx: Any, args: dict, grads: dict,
