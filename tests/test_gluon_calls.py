@@ -39,7 +39,8 @@ def dense_bn(dtype="float32"):
     return net
 
 
-def calls(make, policy=None, n=2, steps=3, input_grad=False, shape=(8, 10), by_name=False):
+def calls(make, policy=None, n=2, steps=3, input_grad=False, shape=(8, 10), by_name=False,
+          optimizer="sgd"):
     """Every array a user can read after `steps` Trainer steps whose record() calls the
     block `n` times on different batches: gradients, parameters with BatchNorm
     statistics, outputs, losses (and the inputs' gradients); parameters by position, or
@@ -50,8 +51,8 @@ def calls(make, policy=None, n=2, steps=3, input_grad=False, shape=(8, 10), by_n
     params = list(net.collect_params().values())
     keys = [p.name if by_name else k for k, p in enumerate(params)]
     model = net if policy is None else PlannedBlock(net, policy)
-    trainer = gluon.Trainer(net.collect_params(), "sgd",
-                            {"learning_rate": 0.01, "momentum": 0.9, "wd": 1e-4})
+    opt = {"learning_rate": 0.01, "wd": 1e-4, **({"momentum": 0.9} if optimizer == "sgd" else {})}
+    trainer = gluon.Trainer(net.collect_params(), optimizer, opt)
     rs = np.random.RandomState(1)
     seen = {}
     for step in range(steps):
@@ -197,12 +198,54 @@ class _nothing:
         return False
 
 
-def test_dcgan_loop_like_plain():
+def check_dcgan_loop_like_plain():
     plain_losses, plain_values = dcgan()
-    for policy in ("sqrt",):
-        losses, values = dcgan(policy)
-        np.testing.assert_array_equal(losses, plain_losses)
-        assert_same(values, plain_values)
+    losses, values = dcgan("sqrt")
+    np.testing.assert_array_equal(losses, plain_losses)
+    assert_same(values, plain_values)
+
+
+def check_adam_tight_loop_like_plain():
+    """One call per record(), Adam, inputs drawn by MXNet, nothing read between backward(),
+    step() and the next forward: ops that take an engine resource (Adam's update, the
+    draw) queued before the planned backward's deadlocked MXNet's engine before
+    backward() waited for the backward callbacks (measured: stuck in the first steps)."""
+    def run(policy):
+        CTXS[:] = [mx.cpu(0)]
+        net = _hybridized(dense_bn)
+        model = net if policy is None else PlannedBlock(net, policy)
+        trainer = gluon.Trainer(net.collect_params(), "adam", {"learning_rate": 0.01})
+        mx.random.seed(1)
+        losses = []
+        for _ in range(20):
+            x = mx.nd.random.uniform(shape=(8, 10))
+            with autograd.record():
+                loss = (model(x) ** 2).mean()
+            loss.backward()
+            trainer.step(8)
+            losses.append(loss)
+        values = {f"value.{k}": p.data() for k, p in enumerate(net.collect_params().values())}
+        return {k: v.asnumpy() for k, v in [*enumerate(losses), *values.items()]}
+
+    assert_same(run("sqrt"), run(None))
+
+
+def _child(code: str, env: dict | None = None, timeout: int = 600) -> None:
+    """`code` in a child process (tests' helpers importable): a hang fails, not stalls."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(ROOT)],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_dcgan_loop_and_adam_like_plain():
+    _child("""
+        import sys
+        sys.path.insert(0, sys.argv[1])
+        from tests import test_gluon_calls as t
+        t.check_dcgan_loop_like_plain()
+        t.check_adam_tight_loop_like_plain()
+        print("ok")
+    """)
 
 
 MIXED = """
@@ -248,16 +291,15 @@ def test_block_itself_beside_a_planned_call_is_refused_never_a_hang():
 
 def test_mkldnn_off_bit_identical():
     """MKL-DNN is read at process start: the comparisons above in a child with it off."""
-    code = textwrap.dedent("""
+    _child("""
         import sys
         sys.path.insert(0, sys.argv[1])
         from tests import test_gluon_calls as t
         t.test_two_and_three_calls_like_plain()
+        t.test_input_gradients_of_every_call()
         t.test_segmented_plan_called_twice()
-        t.test_dcgan_loop_like_plain()
+        t.check_dcgan_loop_like_plain()
+        t.check_adam_tight_loop_like_plain()
         print("ok")
-    """)
-    env = dict(os.environ, MXNET_MKLDNN_ENABLED="0", MXNET_STORAGE_FALLBACK_LOG_VERBOSE="0")
-    done = subprocess.run([sys.executable, "-c", code, str(ROOT)], env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    """, env=dict(os.environ, MXNET_MKLDNN_ENABLED="0", MXNET_STORAGE_FALLBACK_LOG_VERBOSE="0"),
+           timeout=900)
