@@ -9,7 +9,6 @@ a timeout: a hang fails the test instead of stalling the suite.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -22,6 +21,7 @@ from mxnet import autograd, gluon
 import mxmirror
 from mxmirror.executor import SegmentedExecutor
 from mxmirror.gluon import PlannedBlock
+from tests import mkldnn_off
 from tests import test_gluon_segmented as seg
 from tests.test_gluon import CTXS, assert_same
 
@@ -230,10 +230,10 @@ def check_adam_tight_loop_like_plain():
     assert_same(run("sqrt"), run(None))
 
 
-def _child(code: str, env: dict | None = None, timeout: int = 600) -> None:
+def _child(code: str, timeout: int = 600) -> None:
     """`code` in a child process (tests' helpers importable): a hang fails, not stalls."""
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(ROOT)],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+                          capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
@@ -291,15 +291,4 @@ def test_block_itself_beside_a_planned_call_is_refused_never_a_hang():
 
 def test_mkldnn_off_bit_identical():
     """MKL-DNN is read at process start: the comparisons above in a child with it off."""
-    _child("""
-        import sys
-        sys.path.insert(0, sys.argv[1])
-        from tests import test_gluon_calls as t
-        t.test_two_and_three_calls_like_plain()
-        t.test_input_gradients_of_every_call()
-        t.test_segmented_plan_called_twice()
-        t.check_dcgan_loop_like_plain()
-        t.check_adam_tight_loop_like_plain()
-        print("ok")
-    """, env=dict(os.environ, MXNET_MKLDNN_ENABLED="0", MXNET_STORAGE_FALLBACK_LOG_VERBOSE="0"),
-           timeout=900)
+    mkldnn_off.run_pytest(__file__, "not mkldnn_off and not refused", passed=4)
