@@ -94,7 +94,8 @@ class PlannedBlock(_mx().gluon.Block):
         _check_inputs(inputs, {})
         with _chain_lock:
             chain = _chain(self.block, inputs[0].context)
-            if chain.plain:
+            if chain.plain:  # said once: its outputs may have been dropped since
+                chain.plain = False
                 raise PlanError(
                     f"PlannedBlock {self.block.name} is called after a recorded call of the "
                     f"block itself that backward() has not reached: MXNet 1.9.1 deadlocks "
