@@ -408,6 +408,26 @@ def _check_inputs(inputs: tuple, kwargs: dict) -> None:
         raise PlanError(f"{supported}; got {', '.join(contexts)}")
 
 
+def _check_fed_by_planned(inputs: tuple) -> None:
+    """Inputs that need a gradient come from planned calls only. An operator recorded
+    before a planned call that needs its input gradient in backward() and takes a
+    temp-space resource there (Dense's, measured) is queued before the planned backward's
+    work and deadlocks MXNet 1.9.1's engine (module docstring)."""
+    import json
+
+    mx = _mx()
+    for i, x in enumerate(inputs):
+        if _input_req(x) == "null":
+            continue
+        nodes = json.loads(mx.autograd.get_symbol(x).tojson())["nodes"]
+        ops = sorted({n["op"] for n in nodes} - {"null", "_CustomFunction"})
+        if ops:
+            raise PlanError(f"input {i} is computed by unplanned operators that need its "
+                            f"gradient ({', '.join(ops[:5])}); MXNet 1.9.1 can deadlock "
+                            f"when they run beside a planned call (hybridize the block that "
+                            f"computes it, so it is planned too)")
+
+
 def _shapes(shapes: dict) -> str:
     return " ".join(f"{n}={'x'.join(map(str, s))}" for n, s in shapes.items())
 
@@ -529,6 +549,7 @@ def install(state: Callable[[], tuple[str | None, Any]]) -> None:
                 _depth.quiet = quiet
         try:
             _check_inputs(args, kwargs)
+            _check_fed_by_planned(args)
         except PlanError as e:
             if self not in _reported and not getattr(_depth, "quiet", False):
                 _reported.add(self)
