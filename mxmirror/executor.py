@@ -434,6 +434,9 @@ class SegmentedExecutor(Driver):
             calls.forward(ex, True)
             self._runs += 1
             self.forward_flops_run += self.sg.segments[i - 1].flops
+        else:  # the running statistics as they are now: another executor (a second call
+            for slot, user in st.aux_out:  # of a Gluon block) may have updated them since
+                calls.copy(user, slot)
         self._live = None
         # shared parameter gradient slots: what the backward leaves unwritten is 0
         zeroed = list(st.zeroed)

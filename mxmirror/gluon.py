@@ -13,6 +13,16 @@ The backward runs on MXNet's custom-operator thread inside an asynchronous engin
 completes only after it, so nothing there may wait for the engine: the executor (MXNet's
 or the segmented one) only ever runs training forwards, from the caller's thread, which
 is the one place the segmented executor waits (when its mode changes).
+
+Several calls of one block in one ``record()`` (a GAN's discriminator on real and fake
+data) each get their own executor (one per call position, reused every iteration) and are
+chained on the tape by a one-element token: the first call takes the Parameters, each
+later call the previous call's token. autograd then sees every Parameter used once, runs
+the calls' backwards last call first, and the first call's backward sums every call's
+Parameter gradients (``add_n``, the op autograd itself sums with). Letting autograd sum
+them instead deadlocks MXNet 1.9.1: its sum (ElementWiseSum) takes a temp-space resource
+and is queued, from the caller's thread, before the backward callbacks push the executor
+ops that need the same resource, while it waits for those callbacks' results.
 """
 
 from __future__ import annotations
@@ -60,8 +70,12 @@ class PlannedBlock(_mx().gluon.Block):
         self.block = block
         self.policy = policy
         self.budget = budget
-        self._bound: dict[tuple, _Bound] = {}
-        self._lock = threading.Lock()
+        self._bound: dict[tuple, _Bound] = {}  # by (context, shapes, ..., call position)
+        self._weight_copies: dict[tuple, Any] = {}  # by (context, name, shape, dtype)
+        if block not in _watched:
+            _watched.add(block)
+            block.register_forward_pre_hook(_refuse_mixed_calls)
+        _wait_in_backward()
 
     def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
         if kwargs:  # Block.__call__ takes none: say what is supported instead of a TypeError
@@ -73,39 +87,44 @@ class PlannedBlock(_mx().gluon.Block):
         if not mx.autograd.is_recording() or not mx.autograd.is_training():
             # inference, or a recording in predict mode (gradients of an inference pass):
             # the block itself, so a planned executor only ever runs training forwards
-            return self.block(*inputs)
+            if mx.autograd.is_recording():
+                _refuse_mixed_calls(self.block, inputs, inside=True)
+            with _inside():
+                return self.block(*inputs)
         _check_inputs(inputs, {})
-        return self.bound(inputs).run(inputs)
+        with _chain_lock:
+            chain = _chain(self.block, inputs[0].context)
+            if chain.plain:  # said once: its outputs may have been dropped since
+                chain.plain = False
+                raise PlanError(
+                    f"PlannedBlock {self.block.name} is called after a recorded call of the "
+                    f"block itself that backward() has not reached: MXNet 1.9.1 deadlocks "
+                    f"summing their gradients. Call it through the PlannedBlock every time "
+                    f"in a record() (every call is planned), or call backward() between the two")
+            position = chain.next_position()
+            return self.bound(inputs, position).run(inputs, chain, position)
 
-    def bound(self, inputs: tuple) -> _Bound:
-        """The executor for these inputs (bound once per context, shapes, dtypes, grad_req)."""
+    def bound(self, inputs: tuple, position: int = 0) -> _Bound:
+        """The executor for these inputs at this call position of a record() (bound once
+        per context, shapes, dtypes, grad_req and position)."""
         mx = _mx()
         ctx = inputs[0].context
         self._finish_deferred_init(inputs)
         params = self._params_by_name()
         input_reqs = tuple(_input_req(x) for x in inputs)
         key = (str(ctx), tuple((x.shape, _dtype(x.dtype)) for x in inputs), input_reqs,
-               tuple((n, p.grad_req, _dtype(p.dtype)) for n, p in sorted(params.items())))
-        with self._lock:
-            # one recorded call per context until backward() reaches it: a second one on the
-            # same Parameter arrays (executor or CachedOp) stalls MXNet 1.9.1's engine in
-            # backward (measured; docs/gluon.md)
-            if not all(b.free() for k, b in self._bound.items() if k[0] == key[0]):
-                raise PlanError(
-                    f"PlannedBlock {self.block.name} was called again before backward() "
-                    f"reached its previous call on {ctx} (a siamese network, or outputs of an "
-                    f"earlier record() kept without backward()); not supported: call "
-                    f"backward() between the calls, or train this block unplanned")
-            found = self._bound.get(key)
-            if found is not None and found.current(params, ctx):
-                return found
-            names = ["data"] if len(inputs) == 1 else [f"data{i}" for i in range(len(inputs))]
+               tuple((n, p.grad_req, _dtype(p.dtype)) for n, p in sorted(params.items())),
+               position)
+        found = self._bound.get(key)
+        if found is not None and found.current(params, ctx):
+            return found
+        names = ["data"] if len(inputs) == 1 else [f"data{i}" for i in range(len(inputs))]
+        with _inside():
             out = self.block(*[mx.sym.var(n) for n in names])
-            heads, fmt = _flatten(out)
-            symbol = heads[0] if len(heads) == 1 else mx.sym.Group(heads)
-            self._bound[key] = _Bound(self, symbol, fmt, names, inputs, input_reqs, params,
-                                      ctx)
-            return self._bound[key]
+        heads, fmt = _flatten(out)
+        symbol = heads[0] if len(heads) == 1 else mx.sym.Group(heads)
+        self._bound[key] = _Bound(self, symbol, fmt, names, inputs, input_reqs, params, ctx)
+        return self._bound[key]
 
     def _params_by_name(self) -> dict:
         return {p.name: p for p in self.block.collect_params().values()}
@@ -146,9 +165,14 @@ class _Bound:
             if name in names:
                 continue
             p = params[name]
-            # the executor's own copy: its backward runs from autograd's callback, after
-            # the caller may already have queued Trainer.step's in-place update
-            args[name] = mx.nd.empty(p.shape, ctx, dtype=p.dtype)
+            # a copy of the block's (one for all its executors on ctx): their backwards run
+            # from autograd's callbacks, after the caller may have queued Trainer.step's
+            # in-place update; every call refreshes it, with the same values in a record()
+            copy_key = (str(ctx), name, p.shape, _dtype(p.dtype))
+            args[name] = owner._weight_copies.get(copy_key)
+            if args[name] is None:
+                args[name] = owner._weight_copies[copy_key] = mx.nd.empty(p.shape, ctx,
+                                                                          dtype=p.dtype)
             reqs[name], types[name] = p.grad_req, _dtype(p.dtype)
             self.weights.append((args[name], p))
             if p.grad_req != "null":
@@ -191,7 +215,7 @@ class _Bound:
                                 "skipped it); the next call cannot reuse its executor")
         return True
 
-    def run(self, inputs: tuple) -> Any:
+    def run(self, inputs: tuple, chain: _Chain, position: int) -> Any:
         mx = _mx()
         with mx.autograd.pause(train_mode=True):
             for arr, p in self.weights:
@@ -200,26 +224,156 @@ class _Bound:
                 x.copyto(self.exec.arg_dict[name])
             self.exec.forward(is_train=True)
             outputs = [o.copy() for o in self.exec.outputs]
+            token = mx.nd.zeros((1,), self.ctx)
         self.probe._fresh_grad = False
-        tape_inputs = [p.data(self.ctx) for _, p in self.trained] + list(inputs) + [self.probe]
+        # the first call of a record() takes the Parameters, a later one the previous
+        # call's token: autograd sees each Parameter used once (module docstring)
+        first = [p.data(self.ctx) for _, p in self.trained] if position == 0 \
+            else [chain.calls[-1][1]]
+        tape_inputs = first + list(inputs) + [self.probe]
         done = self.done = threading.Event()
-        _record(tape_inputs, outputs, lambda *grads: self._backward(done, *grads), done.set)
+        chain.calls.append((self, token))
+        _record(tape_inputs, outputs + [token],
+                lambda *grads: self._backward(chain, position, done, *grads), done.set)
         return _regroup(outputs, self.fmt)
 
-    def _backward(self, done: threading.Event, out_grads: list, in_grads: list,
-                  reqs: list) -> None:
+    def _backward(self, chain: _Chain, position: int, done: threading.Event,
+                  out_grads: list, in_grads: list, reqs: list) -> None:
+        """Calls run their backwards last first (the tokens order them), so BatchNorm
+        statistics update in the order plain Gluon's backward updates them (measured);
+        the first call also sums every call's Parameter gradients, with autograd's op."""
+        mx = _mx()
         try:
             with _one_backward:
-                self.exec.backward(out_grads=out_grads)
-                for dst, req, src in zip(in_grads, reqs, self.param_grads + self.input_grads):
-                    if req == "null" or src is None:
-                        continue
-                    if req == "add":
-                        dst[:] += src
-                    else:
-                        dst[:] = src
+                self.exec.backward(out_grads=out_grads[:-1])
+                skip = len(self.trained) if position == 0 else 1
+                for dst, req, src in zip(in_grads[skip:], reqs[skip:], self.input_grads):
+                    _write(dst, req, src)
+                if position > 0:
+                    chain.later[position] = self.param_grads
+                    return
+                later = [chain.later.pop(k) for k in sorted(chain.later)]
+                for i, (dst, req, src) in enumerate(zip(in_grads, reqs, self.param_grads)):
+                    if later and req != "null":
+                        src = mx.nd.add_n(*[grads[i] for grads in reversed(later)], src)
+                    _write(dst, req, src)
         finally:
             done.set()
+
+
+def _write(dst: Any, req: str, src: Any) -> None:
+    """dst (a gradient autograd handed over) from src, honouring its req."""
+    if req == "null" or src is None:
+        return
+    if req == "add":
+        dst[:] += src
+    else:
+        dst[:] = src
+
+
+class _Chain:
+    """The recorded calls of one block on one context since the last one backward() has
+    reached: (executor, token) in call order, and the Parameter gradients that later
+    calls' backwards left for the first call's (by call position)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[_Bound, Any]] = []
+        self.later: dict[int, list] = {}
+        self.plain = False  # a recorded call of the block itself, not yet backward()ed
+
+    def pending(self) -> bool:
+        """A recorded call that no backward() has reached (nor its tape dropped)."""
+        return not all(bound.free() for bound, _ in self.calls)
+
+    def next_position(self) -> int:
+        """The next call's position: after the pending ones, or 0 once all are done."""
+        if not self.pending():
+            self.calls.clear()
+            self.later.clear()
+        return len(self.calls)
+
+
+_chain_lock = threading.RLock()
+_chains: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # block -> {ctx: _Chain}
+_watched: weakref.WeakSet = weakref.WeakSet()  # blocks with _refuse_mixed_calls as pre-hook
+_calling = threading.local()
+_backward_originals: list = []  # autograd.backward, NDArray.backward as MXNet has them
+
+
+def _wait_in_backward() -> None:
+    """Make autograd's backward() return only once the backward callbacks of the planned
+    calls it reached have queued their work. Until then, an op the caller queues next
+    that needs the callbacks' results and holds a temp-space resource (Adam's update in
+    Trainer.step, the next forward) would deadlock MXNet 1.9.1's engine as autograd's own
+    gradient sum does (module docstring)."""
+    mx = _mx()
+    if _backward_originals:
+        return
+    originals = (mx.autograd.backward, mx.nd.NDArray.backward)
+    _backward_originals.extend(originals)
+
+    def backward(*args: Any, **kwargs: Any) -> None:
+        originals[0](*args, **kwargs)
+        _reached_calls_queued()
+
+    def array_backward(self: Any, *args: Any, **kwargs: Any) -> None:
+        originals[1](self, *args, **kwargs)
+        _reached_calls_queued()
+
+    mx.autograd.backward = backward
+    mx.nd.NDArray.backward = array_backward
+
+
+def _reached_calls_queued() -> None:
+    """Also forgets a recorded call of a block itself once backward() has written every
+    gradient of the block's Parameters (autograd marks them fresh)."""
+    with _chain_lock:
+        for block, chains in list(_chains.items()):
+            for ctx, chain in chains.items():
+                for bound, _ in chain.calls:
+                    bound.free()  # waits for a reached call's callback
+                if chain.plain:
+                    trained = [p for p in block.collect_params().values()
+                               if p.grad_req != "null"]
+                    chain.plain = not all(any(str(d.context) == ctx and d._fresh_grad
+                                              for d in p.list_data()) for p in trained)
+
+
+def _chain(block: Any, ctx: Any) -> _Chain:
+    return _chains.setdefault(block, {}).setdefault(str(ctx), _Chain())
+
+
+class _inside:  # noqa: N801 - used as a context manager
+    """PlannedBlock calling its own block (inference, or tracing its graph)."""
+
+    def __enter__(self) -> None:
+        self.was = getattr(_calling, "inside", False)
+        _calling.inside = True
+
+    def __exit__(self, *exc: Any) -> None:
+        _calling.inside = self.was
+
+
+def _refuse_mixed_calls(block: Any, inputs: tuple, inside: bool = False) -> None:
+    """A forward pre-hook of every planned block: a recorded call of the block itself
+    beside a pending planned call of it. Both would write the same Parameters' gradients,
+    which autograd sums with an op that deadlocks MXNet 1.9.1's engine (module docstring)."""
+    mx = _mx()
+    if (getattr(_calling, "inside", False) and not inside) or not mx.autograd.is_recording():
+        return
+    arrays = [x for x in inputs if isinstance(x, mx.nd.NDArray)]
+    if not arrays or len(arrays) < len(inputs):
+        return  # a graph being traced, or inputs a planned call would refuse anyway
+    with _chain_lock:
+        chain = _chain(block, arrays[0].context)
+        if chain.pending():
+            raise PlanError(
+                f"{block.name} is called unplanned inside autograd.record() while a planned "
+                f"call of it (PlannedBlock, or mxmirror run / enabled()) waits for "
+                f"backward(): MXNet 1.9.1 deadlocks summing their gradients. Call it through "
+                f"the PlannedBlock every time in a record() (every call is planned), or "
+                f"call backward() between the two")
+        chain.plain = True
 
 
 def _bind_planned(owner: PlannedBlock, symbol: Any, ctx: Any, args: dict, grads: dict,
@@ -252,6 +406,26 @@ def _check_inputs(inputs: tuple, kwargs: dict) -> None:
     contexts = sorted({str(x.context) for x in inputs})
     if len(contexts) > 1:
         raise PlanError(f"{supported}; got {', '.join(contexts)}")
+
+
+def _check_fed_by_planned(inputs: tuple) -> None:
+    """Inputs that need a gradient come from planned calls only. An operator recorded
+    before a planned call that needs its input gradient in backward() and takes a
+    temp-space resource there (Dense's, measured) is queued before the planned backward's
+    work and deadlocks MXNet 1.9.1's engine (module docstring)."""
+    import json
+
+    mx = _mx()
+    for i, x in enumerate(inputs):
+        if _input_req(x) == "null":
+            continue
+        nodes = json.loads(mx.autograd.get_symbol(x).tojson())["nodes"]
+        ops = sorted({n["op"] for n in nodes} - {"null", "_CustomFunction"})
+        if ops:
+            raise PlanError(f"input {i} is computed by unplanned operators that need its "
+                            f"gradient ({', '.join(ops[:5])}); MXNet 1.9.1 can deadlock "
+                            f"when they run beside a planned call (hybridize the block that "
+                            f"computes it, so it is planned too)")
 
 
 def _shapes(shapes: dict) -> str:
@@ -375,6 +549,7 @@ def install(state: Callable[[], tuple[str | None, Any]]) -> None:
                 _depth.quiet = quiet
         try:
             _check_inputs(args, kwargs)
+            _check_fed_by_planned(args)
         except PlanError as e:
             if self not in _reported and not getattr(_depth, "quiet", False):
                 _reported.add(self)
