@@ -47,9 +47,9 @@ class SegmentSteps:
             [], [], [], [], [], [], []
         for name, key in seg.slots:
             kind = key[0]
-            if kind == "state":  # filled from a kept row: through a view of that shape
+            if kind == "state":  # filled from a kept flat value: through a view of that shape
                 slot = args[name]
-                states.append((key[1], slot.reshape((1, prod(slot.shape)))))
+                states.append((key[1], slot.reshape((prod(slot.shape),))))
                 state_grads.append((key[1], grads[name]))
             elif kind == "arg":
                 if (seg.key, name) not in user_bound:

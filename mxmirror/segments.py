@@ -267,21 +267,21 @@ def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry]
             local[nid] = add(nd.op, ins, nd.shapes[:nd.visible], nd.dtypes[:nd.visible],
                              attrs, nd.flops)
     # Outputs: every boundary value under BlockGrad (in place, no head gradient), then the
-    # graph heads, then one MakeLoss(sum(value * gradient-input)) per value that needs a
+    # graph heads, then one MakeLoss(dot(value, gradient-input)) per value that needs a
     # gradient from outside: its backward hands the gradient input to the value exactly
     # (1 * g), and MXNet allocates no head-gradient array per executor for a loss.
     head_refs: list[Entry] = []
     losses = []
     outputs = sorted(outputs, key=lambda e: -graph.entry_bytes(e))
     for e in outputs:
-        # the value leaves as a row (the executor reads it through views of that shape):
-        # with MKL-DNN, the reshape reorders a blocked layout to plain once, and both the
-        # output and the loss read that
-        row = _row(add, (local[e[0]], e[1]), sub)
-        head_refs.append((add("BlockGrad", [row], *like(row)), 0))
-        g = var(("ograd", e), _column(graph.nodes[e[0]].shapes[e[1]]),
+        # the value leaves flat (the executor reads it through views of that shape): with
+        # MKL-DNN, the reshape reorders a blocked layout to plain once, and both the output
+        # and the loss read that
+        flat = _flat(add, (local[e[0]], e[1]), sub)
+        head_refs.append((add("BlockGrad", [flat], *like(flat)), 0))
+        g = var(("ograd", e), (prod(graph.nodes[e[0]].shapes[e[1]]),),
                 graph.nodes[e[0]].dtypes[e[1]], "null")
-        losses.append((row, g))
+        losses.append((flat, g))
     for j in heads:
         s, k = graph.heads[j]
         mine = (local[s], k)
@@ -290,18 +290,19 @@ def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry]
             head_refs.append(mine)
         else:
             head_refs.append((add("BlockGrad", [mine], *like(mine)), 0))
-            losses.append((_row(add, mine, sub), var(("hgrad", j),
-                                                      _column(graph.nodes[s].shapes[k]),
-                                                      graph.nodes[s].dtypes[k], "null")))
-    for row, g in losses:
-        # loss = dot(o as a row, g): its backward gives o the gradient g exactly (1 * g_i,
-        # a gemm of depth 1), and the forward is one BLAS dot product (MXNet's sum over all
-        # axes of o * g cost as much as a convolution). The gradient-input slot g is a
-        # column (the executor fills it through a view of the value's shape): a reshape of
-        # it would be a copy made in the forward, before the executor has filled it
-        dtype = sub[row[0]].dtypes[row[1]]
-        total = add("dot", [row, (g, 0)], [(1, 1)], [dtype])
-        head_refs.append((add("MakeLoss", [(total, 0)], [(1, 1)], [dtype]), 0))
+            losses.append((_flat(add, mine, sub), var(("hgrad", j),
+                                                       (prod(graph.nodes[s].shapes[k]),),
+                                                       graph.nodes[s].dtypes[k], "null")))
+    for flat, g in losses:
+        # loss = dot(o, g) of two vectors: its backward gives o the gradient g exactly
+        # (1 * g_i), and the forward is one BLAS dot product (MXNet's sum over all axes of
+        # o * g cost as much as a convolution; the same dot of a row and a column, a gemm
+        # of m = n = 1, ran 15x slower than this vector dot). The gradient-input slot g is
+        # flat too (the executor fills it through a view of the value's shape): a reshape
+        # of it would be a copy made in the forward, before the executor has filled it
+        dtype = sub[flat[0]].dtypes[flat[1]]
+        total = add("dot", [flat, (g, 0)], [(1,)], [dtype])
+        head_refs.append((add("MakeLoss", [(total, 0)], [(1,)], [dtype]), 0))
     sub_graph = Graph(sub, head_refs, templates=graph.templates)
     text = to_json(sub_graph)
     args = [n for n in sub if n.is_variable and n.kind != AUX]
@@ -317,15 +318,10 @@ def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry]
                    sub_graph, key)
 
 
-def _row(add: Any, value: Entry, sub: list[Node]) -> Entry:
-    """`value` reshaped (in place) to one row, a node added with `add`."""
+def _flat(add: Any, value: Entry, sub: list[Node]) -> Entry:
+    """`value` reshaped (in place) to one dimension, a node added with `add`."""
     n, dtype = prod(sub[value[0]].shapes[value[1]]), sub[value[0]].dtypes[value[1]]
-    return (add("Reshape", [value], [(1, n)], [dtype], {"shape": "(1, -1)"}), 0)
-
-
-def _column(shape: tuple) -> tuple[int, int]:
-    """The shape of a gradient-input slot for a value of `shape`: one column."""
-    return (prod(shape), 1)
+    return (add("Reshape", [value], [(n,)], [dtype], {"shape": "(-1,)"}), 0)
 
 
 def to_json(graph: Graph) -> str:
