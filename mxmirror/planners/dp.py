@@ -106,8 +106,8 @@ class Table:
 
 
 def fixed_bytes(sp: SegmentPlan) -> int:
-    """Planned bytes besides the kept states: pool, staging, masks, outputs, gradients."""
-    return sp.pool_bytes + sp.staging_bytes + sp.mask_bytes + sp.output_bytes
+    """Planned bytes besides the kept states: pool, staging, masks, outputs, statistics."""
+    return sp.planned_bytes - sp.dry.peak_bytes
 
 
 def table_for(sp: SegmentPlan, top_bytes: int, levels: int = LEVELS) -> Table:
