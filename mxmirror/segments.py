@@ -107,11 +107,29 @@ class Segments:
         return frozenset(out)
 
 
+def chain_cuts(graph: Graph, cuts: list[int]) -> list[int]:
+    """The cuts a chain is made of: sorted, distinct, each with an op after it."""
+    return sorted({c for c in cuts if 0 <= c < len(graph.op_order) - 1})
+
+
+def segment_flops(graph: Graph, cuts: list[int]) -> list[float]:
+    """Each segment's forward FLOPs (as build_segments counts them), without building the
+    segments: what a recompute bound needs of a chain."""
+    out, bounds = [], chain_cuts(graph, cuts) + [len(graph.op_order) - 1]
+    flops = 0.0
+    for p, nd in enumerate(graph.op_order):
+        flops += nd.flops
+        if p == bounds[len(out)]:
+            out.append(flops)
+            flops = 0.0
+    return out
+
+
 def build_segments(graph: Graph, cuts: list[int]) -> Segments:
     """Cut the graph after the given op-order positions (pure Graph IR, no MXNet)."""
     order = graph.op_order
     n = len(order)
-    cuts = sorted({c for c in cuts if 0 <= c < n - 1})
+    cuts = chain_cuts(graph, cuts)
     pos = {nd.id: i for i, nd in enumerate(order)}
     seg_of = {}
     bounds = [-1] + cuts + [n - 1]
