@@ -222,13 +222,25 @@ def curve(a: Analysis, levels: int = LEVELS, max_segments: int = MAX_SEGMENTS):
                                            for pt in chain_curve(a, sp, levels, False)]
 
 
+_least: weakref.WeakKeyDictionary[Analysis, SegmentPlan] = weakref.WeakKeyDictionary()
+
+
+def smallest(a: Analysis) -> SegmentPlan:
+    """The least-memory schedule the DP finds over every chain; computed once per Analysis."""
+    found = _least.get(a)
+    if found is None:
+        found = _least[a] = min((_smallest(a, sp) for sp in chains(a)),
+                                key=lambda p: p.planned_bytes)
+    return found
+
+
 def plan_for_budget(a: Analysis, budget_bytes: int) -> SegmentPlan:
     """The least-recompute segmented plan over every chain whose planned bytes fit;
     PlanError naming the smallest reachable figure if none does."""
     fits = [p for sp in chains(a) if (p := _chain_for_budget(a, sp, budget_bytes))]
     if fits:
         return min(fits, key=lambda p: (recompute_of(p), p.planned_bytes))
-    low = min((_smallest(a, sp) for sp in chains(a)), key=lambda p: p.planned_bytes)
+    low = smallest(a)
     raise PlanError(f"budget {budget_bytes / 2**20:.0f} MB is below the smallest planned "
                     f"memory reachable even with several recomputations per node "
                     f"({low.planned_bytes / 2**20:.0f} MB); raise the budget")
