@@ -31,7 +31,15 @@ from .aux_order import settle
 from .child import allocated_mb
 from .errors import PlanError
 from .segment_steps import SegmentSteps, zero
-from .segments import Driver, Segment, SegmentPlan, pool_blocks, walk_backward, walk_forward
+from .segments import (
+    Driver,
+    Segment,
+    SegmentPlan,
+    pool_blocks,
+    statistics_groups,
+    walk_backward,
+    walk_forward,
+)
 
 
 class SegmentedExecutor(Driver):
@@ -190,26 +198,15 @@ class SegmentedExecutor(Driver):
         blocks (segments.pool_blocks), and it holds every template's aux slots (with
         shared_exec MXNet takes every auxiliary state from the owner, by name)."""
         mx = self._mx
-        aux: dict[str, tuple] = {}
-        by_name = self.sg.graph.by_name()
-        for seg in self.sg.segments:
-            for name, key in seg.slots:
-                if key[0] == "aux":
-                    nd = by_name[key[1]]
-                    aux[name] = (tuple(nd.shapes[0]), nd.dtypes[0])
         outs, shapes, types = [], {}, {}
         for i, b in enumerate(pool_blocks(self.plan.template_blocks)):
             if b:
                 outs.append(mx.sym.zeros(shape=(b // 4,), dtype="float32", name=f"_pool{i}"))
-        groups: dict[tuple, list[str]] = {}
-        for name, sd in aux.items():
-            if len(sd[0]) != 1:
-                raise PlanError(f"auxiliary state of shape {sd[0]}: the segmented executor "
+        for j, (shape, dtype, names) in enumerate(statistics_groups(self.sg)):
+            if len(shape) != 1:
+                raise PlanError(f"auxiliary state of shape {shape}: the segmented executor "
                                 f"only shares 1-D (BatchNorm) auxiliary states")
-            groups.setdefault(sd, []).append(name)
-        for j, ((shape, dtype), names) in enumerate(groups.items()):
-            if len(names) % 2:
-                names = names + [f"_pad{j}"]
+            types.update({n: dtype for n in names if not n.startswith("_pad")})
             for i in range(0, len(names), 2):
                 data = f"_d{j}_{i}"
                 shapes[data] = (1, shape[0])
@@ -221,7 +218,6 @@ class SegmentedExecutor(Driver):
         if not outs:
             return None
         sym = mx.sym.Group(outs)
-        types.update({n: sd[1] for n, sd in aux.items()})
         return raw(sym, self.ctx, grad_req="null", type_dict=types, **shapes)
 
     # -------------------------------------------------------------- interface

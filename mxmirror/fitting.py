@@ -17,13 +17,17 @@ from typing import Any
 from .api import Prepared, prepare
 from .device_memory import resident_bytes
 from .errors import PlanError
-from .planners import BUDGETED, resolve
+from .planners import BUDGETED, dp, resolve
 
 POLICIES = ("none", "cheap", "sqrt", "search", "recursive", "multilevel")
 COUNTED = "planned intermediates + arguments + argument gradients + aux states"
 LIMIT = 1 << 20  # no size beyond this is searched
 KEPT_GRAPHS = 3  # analysed graphs kept while searching (big graphs take memory)
 NEAR = {"multilevel": "recursive"}  # a budgeted policy -> one whose size lands near it
+# a budgeted policy -> the least planned bytes it reaches on a graph: where that (+ the
+# resident bytes) passes the memory, the policy stops fitting (up to the DP's rounding)
+LEAST: dict[str, Callable[[Any], int]] = {
+    "multilevel": lambda a: dp.smallest(a).planned_bytes}
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class Fit:
     total_bytes: int
     recompute_ratio: float
     fits: bool
+    guide_bytes: int | None = None  # the total that decides `fits`, as a line can follow it
 
     def to_dict(self, key: str = "batch") -> dict:
         return {"policy": self.policy, key: self.value,
@@ -78,13 +83,15 @@ class SizeSearch:
         if policy in BUDGETED:
             prep = self.prepared(k)
             resident = sum(resident_bytes(prep.analysis.graph))
+            guide = resident + LEAST[policy](prep.analysis) if policy in LEAST else None
             try:
                 if memory_bytes <= resident:
                     raise PlanError("the resident arrays alone do not fit")
                 p = prep.plan(policy, memory_bytes - resident)
             except PlanError:
-                return Fit(policy, k, self.value(k), 0, resident, 0.0, False)
-            figures = (p.planned_bytes, resident, p.recompute_ratio)
+                return Fit(policy, k, self.value(k), 0, resident, 0.0, False, guide)
+            return Fit(policy, k, self.value(k), p.planned_bytes, p.planned_bytes + resident,
+                       p.recompute_ratio, True, guide)
         else:  # the plan does not depend on the memory size: plan once per size
             if (policy, k) not in self._plans:
                 prep = self.prepared(k)
@@ -95,7 +102,8 @@ class SizeSearch:
             figures = self._plans[policy, k]
         planned, resident, ratio = figures
         total = planned + resident
-        return Fit(policy, k, self.value(k), planned, total, ratio, total <= memory_bytes)
+        return Fit(policy, k, self.value(k), planned, total, ratio, total <= memory_bytes,
+                   total)
 
     def largest(self, policy: str, memory_bytes: int,
                 limit: int = LIMIT) -> tuple[Fit | None, Fit | None]:
@@ -103,37 +111,29 @@ class SizeSearch:
         at start) when not even that fits.
 
         Memory grows about linearly with the size, so a plan's size is probed where the
-        line through the last two planned totals (one: through zero) reaches the memory,
+        line through the last two guide totals (one: through zero) reaches the memory,
         which usually needs 3-4 plans; every third probe doubles or bisects instead, so a
-        curve far from a line still converges. A budgeted policy's total says nothing of
-        where its smallest plan stops fitting: ``multilevel`` starts from the size
-        ``recursive`` (its curve's first plan, cheap to make) reaches and gallops from
-        there; other budgeted policies double and bisect. Any probe order gives the same
-        answer when memory grows with the size; the probes only decide how many plans.
+        curve far from a line still converges. A plan's guide is its total; a budgeted
+        policy's total says nothing of where its smallest plan stops fitting, so its guide
+        is the least it reaches (LEAST: ``multilevel``), or it has none (``budget``,
+        ``auto``: doubling and bisection only). ``multilevel`` first probes the size
+        ``recursive`` (cheap to plan) reaches. Any probe order gives the same answer when
+        memory grows with the size; the probes only decide how many plans.
         """
         first = self.at(policy, self.start, memory_bytes)
         if not first.fits:
             return None, first
         good, bad = first, None
+        points = [first]
         near = self.largest(NEAR[policy], memory_bytes, limit)[0] if policy in NEAR else None
         if near is not None and near.size > good.size:
             f = self.at(policy, near.size, memory_bytes)
             good, bad = (f, bad) if f.fits else (good, f)
-            up, step = f.fits, 1
-            while up and bad is None and good.size < limit:  # up from a guess that fits
-                f = self.at(policy, min(good.size + step, limit), memory_bytes)
-                good, bad = (f, bad) if f.fits else (good, f)
-                step *= 2
-            while not up and bad.size - step > good.size:  # down from a guess too large
-                f = self.at(policy, bad.size - step, memory_bytes)
-                good, bad = (f, bad) if f.fits else (good, f)
-                up, step = f.fits, 2 * step
-        points = [first]
+            points.append(f)
         probes = 0
         while good.size < limit and (bad is None or bad.size - good.size > 1):
             probes += 1
-            k = None if policy in BUDGETED or probes % 3 == 0 else \
-                _where_line_reaches(points[-2:], memory_bytes)
+            k = None if probes % 3 == 0 else _where_line_reaches(points[-2:], memory_bytes)
             if k is None:
                 k = 2 * good.size if bad is None else (good.size + bad.size) // 2
             k = max(good.size + 1, min(k, limit if bad is None else bad.size - 1))
@@ -144,11 +144,14 @@ class SizeSearch:
 
 
 def _where_line_reaches(points: list[Fit], memory_bytes: int) -> int | None:
-    """The largest size whose total, on the line through `points` (one point: through
-    zero), is within `memory_bytes`; None when the line does not rise."""
+    """The largest size whose guide total, on the line through `points` (one point:
+    through zero), is within `memory_bytes`; None when a point has no guide or the line
+    does not rise."""
+    if any(p.guide_bytes is None for p in points):
+        return None
     (k0, t0), (k1, t1) = ((0, 0) if len(points) == 1 else (points[0].size,
-                                                            points[0].total_bytes),
-                          (points[-1].size, points[-1].total_bytes))
+                                                            points[0].guide_bytes),
+                          (points[-1].size, points[-1].guide_bytes))
     if (k1 - k0) * (t1 - t0) <= 0:
         return None
     return k1 + int((memory_bytes - t1) * (k1 - k0) // (t1 - t0))

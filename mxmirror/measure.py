@@ -3,14 +3,15 @@
 MXNet's ``Total X MB allocated`` of one executor is the storage its memory plan
 uses; the template executors of a SegmentedExecutor all take theirs from one pool,
 so their figures overlap and are not summed. What the plan really holds is the
-pool (the owner executor's arrays), every slot array bound to a template (shared
-activation slots once, each template's own parameter slots and gradients), the
+pool (the owner executor's blocks), the BatchNorm statistics the owner holds (with
+the arrays of its BatchNorm ops that hold them), every slot array bound to a template
+(shared activation slots once, each template's own parameter slots and gradients), the
 copies of the outputs, the Dropout masks, and the kept boundary values and
 gradients at their peak (measured over real steps when any are run, else the dry
 run of the same walker, which the tests check equals the measured peak).
 
 ``python -m mxmirror.measure JOB`` is the child: it reads the pickled segment plan,
-symbol and step count from JOB and prints one JSON object.
+symbol and step count from JOB and prints one JSON object (MB, and exact bytes).
 """
 
 from __future__ import annotations
@@ -25,15 +26,18 @@ from typing import Any
 
 from .child import allocated_mb, child_env
 from .errors import PlanError
+from .segments import pool_blocks
 
 
 def allocated_bytes(ex: Any) -> dict[str, int]:
     """Bytes of every array a bound SegmentedExecutor holds, by part (see module doc)."""
     owner = ex.pool_owner
-    pool = 0
-    if owner is not None:
-        pool = sum(_nbytes(a) for a in list(owner.outputs) + list(owner.arg_arrays)
-                   + list(owner.aux_arrays))
+    pool = statistics = 0
+    if owner is not None:  # its first outputs are the pool's blocks, then the statistics'
+        blocks = sum(1 for b in pool_blocks(ex.plan.template_blocks) if b)
+        pool = sum(_nbytes(a) for a in list(owner.outputs)[:blocks])
+        statistics = sum(_nbytes(a) for a in list(owner.outputs)[blocks:]
+                         + list(owner.arg_arrays) + list(owner.aux_arrays))
     shared = sum(_nbytes(a) for a in ex._slot_buffer.values())
     own = 0
     for key, t in ex.executors.items():
@@ -47,7 +51,8 @@ def allocated_bytes(ex: Any) -> dict[str, int]:
     ran = ex.forward_flops_run > 0
     kept = ex.peak_kept_bytes if ran else ex.plan.dry.peak_bytes
     out = {"pool": pool, "slots": shared + own, "outputs": sum(_nbytes(a) for a in ex.outputs),
-           "masks": masks if ran else ex.plan.mask_bytes, "kept": kept}
+           "masks": masks if ran else ex.plan.mask_bytes, "statistics": statistics,
+           "kept": kept}
     out["total"] = sum(out.values())
     return out
 
@@ -84,15 +89,21 @@ def _child(path: str) -> None:
         ex.forward(is_train=True)
         ex.backward()
         mx.nd.waitall()
-    mb = {k: round(v / 2**20, 3) for k, v in allocated_bytes(ex).items()}
+    measured = allocated_bytes(ex)
     figures = [allocated_mb(t)[0] for t in ex.executors.values()]
     predicted = {"pool": sp.pool_bytes, "slots": sp.staging_bytes, "outputs": sp.output_bytes,
-                 "masks": sp.mask_bytes, "kept": sp.dry.peak_bytes, "total": sp.planned_bytes}
+                 "masks": sp.mask_bytes, "statistics": sp.statistics_bytes,
+                 "kept": sp.dry.peak_bytes, "total": sp.planned_bytes}
     user = sum(_nbytes(a) for d in (ex.arg_dict, ex.grad_dict, ex.aux_dict)
                for a in d.values() if a is not None)
-    print(json.dumps({"measured_mb": mb, "user_mb": round(user / 2**20, 3),
-                      "predicted_mb": {k: round(v / 2**20, 3) for k, v in predicted.items()},
+    print(json.dumps({"measured_mb": _mb(measured), "user_mb": round(user / 2**20, 3),
+                      "predicted_mb": _mb(predicted), "measured_bytes": measured,
+                      "predicted_bytes": predicted, "user_bytes": user,
                       "template_mxnet_mb": figures, "steps": steps}))
+
+
+def _mb(parts: dict[str, int]) -> dict[str, float]:
+    return {k: round(v / 2**20, 3) for k, v in parts.items()}
 
 
 def _nbytes(a: Any) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 from math import prod
 from pathlib import Path
 from typing import Any
@@ -191,10 +192,11 @@ def load_graph(source: Any, shapes: dict[str, Any], type_dict: dict[str, str] | 
         raise PlanError(f"cannot infer the shape of {', '.join(unknown[:5])}: give --shape "
                         f"for every data input (given: {', '.join(shapes) or 'none'})")
     aux = set(sym.list_auxiliary_states())
+    visible = Counter(nid for nid, _ in vis)  # visible outputs per node
     nodes: list[Node] = []
     for i, jn in enumerate(js["nodes"]):
         attrs = dict(jn.get("attrs", jn.get("attr", jn.get("param", {}))) or {})
-        n_vis = sum(1 for (nid, _) in vis if nid == i)
+        n_vis = visible[i]
         shp = [tuple(out_shapes[vis[(i, k)]]) for k in range(n_vis)]
         dts = [_dtype_name(out_types[vis[(i, k)]])
                if out_types and out_types[vis[(i, k)]] is not None else "float32"

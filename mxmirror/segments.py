@@ -115,11 +115,29 @@ class Segments:
         return frozenset(out)
 
 
+def chain_cuts(graph: Graph, cuts: list[int]) -> list[int]:
+    """The cuts a chain is made of: sorted, distinct, each with an op after it."""
+    return sorted({c for c in cuts if 0 <= c < len(graph.op_order) - 1})
+
+
+def segment_flops(graph: Graph, cuts: list[int]) -> list[float]:
+    """Each segment's forward FLOPs (as build_segments counts them), without building the
+    segments: what a recompute bound needs of a chain."""
+    out, bounds = [], chain_cuts(graph, cuts) + [len(graph.op_order) - 1]
+    flops = 0.0
+    for p, nd in enumerate(graph.op_order):
+        flops += nd.flops
+        if p == bounds[len(out)]:
+            out.append(flops)
+            flops = 0.0
+    return out
+
+
 def build_segments(graph: Graph, cuts: list[int]) -> Segments:
     """Cut the graph after the given op-order positions (pure Graph IR, no MXNet)."""
     order = graph.op_order
     n = len(order)
-    cuts = sorted({c for c in cuts if 0 <= c < n - 1})
+    cuts = chain_cuts(graph, cuts)
     pos = {nd.id: i for i, nd in enumerate(order)}
     seg_of = {}
     bounds = [-1] + cuts + [n - 1]
@@ -514,12 +532,13 @@ class SegmentPlan:
     staging_bytes: int  # template slots for boundary values, their gradients, head grads
     mask_bytes: int  # Dropout masks, kept for the whole step
     output_bytes: int  # copies of the graph outputs
+    statistics_bytes: int  # BatchNorm statistics on the pool's owner (statistics_bytes)
     dry: DryRun
 
     @property
     def planned_bytes(self) -> int:
         return (self.pool_bytes + self.staging_bytes + self.mask_bytes + self.output_bytes
-                + self.dry.peak_bytes)
+                + self.statistics_bytes + self.dry.peak_bytes)
 
     def bind_order(self) -> list[str]:
         return sorted(self.template_bytes, key=lambda k: -self.template_bytes[k])
@@ -529,7 +548,8 @@ class SegmentPlan:
                 "pool_mb": round(self.pool_bytes / 2**20, 3),
                 "staging_mb": round(self.staging_bytes / 2**20, 3),
                 "kept_mb": round(self.dry.peak_bytes / 2**20, 3),
-                "mask_mb": round(self.mask_bytes / 2**20, 3)}
+                "mask_mb": round(self.mask_bytes / 2**20, 3),
+                "statistics_mb": round(self.statistics_bytes / 2**20, 3)}
 
 
 def template_memory(sg: Segments) -> tuple[dict[str, int], dict[str, list[int]]]:
@@ -552,22 +572,18 @@ def template_memory(sg: Segments) -> tuple[dict[str, int], dict[str, list[int]]]
 
 
 def staging_bytes(sg: Segments) -> int:
-    """Every slot array the executor binds besides the pool: activation slots (boundary
-    values and their gradients, gradient inputs, Dropout masks) shared by name across
-    templates, so the largest per name; parameter slots (weights, labels, data) per
-    template, as each template has its own, and their gradients shared by name, except
-    where the template adds into the user's gradient (Segments.grad_slots); auxiliary
-    slots (BatchNorm statistics) per name, held by the pool's owner."""
+    """Every slot array the executor binds besides the pool and the statistics: activation
+    slots (boundary values and their gradients, gradient inputs, Dropout masks) shared by
+    name across templates, so the largest per name; parameter slots (weights, labels, data)
+    per template, as each template has its own, and their gradients shared by name, except
+    where the template adds into the user's gradient (Segments.grad_slots)."""
     shared: dict[str, int] = {}
     own = 0
     seen: set[str] = set()
-    by_name = sg.graph.by_name()
     for seg in sg.segments:
         shapes, types, req = sg.slot_shapes[seg.key], sg.slot_types[seg.key], sg.slot_req[seg.key]
         for name, key in seg.slots:
             if key[0] == "aux":
-                nd = by_name[key[1]]
-                shared[name] = prod(nd.shapes[0]) * _itemsize(nd.dtypes[0])
                 continue
             b = prod(shapes[name]) * _itemsize(types[name])
             grad = b if req.get(name) != "null" else 0
@@ -579,6 +595,38 @@ def staging_bytes(sg: Segments) -> int:
                 shared["grad of " + name] = max(shared.get("grad of " + name, 0), grad)
         seen.add(seg.key)
     return own + sum(shared.values())
+
+
+def statistics_groups(sg: Segments) -> list[tuple[tuple, str, list[str]]]:
+    """The auxiliary slots (BatchNorm statistics) the pool's owner holds, one per name, as
+    (shape, dtype, names) groups, each padded to an even count with ``_pad<group>``: the
+    owner holds them as pairs of one BatchNorm op each (executor.SegmentedExecutor._owner),
+    as with shared_exec MXNet takes every auxiliary state from the owner, by name."""
+    aux: dict[str, tuple[tuple, str]] = {}
+    by_name = sg.graph.by_name()
+    for seg in sg.segments:
+        for name, key in seg.slots:
+            if key[0] == "aux":
+                nd = by_name[key[1]]
+                aux[name] = (tuple(nd.shapes[0]), nd.dtypes[0])
+    groups: dict[tuple, list[str]] = {}
+    for name, sd in aux.items():
+        groups.setdefault(sd, []).append(name)
+    out = []
+    for j, ((shape, dtype), names) in enumerate(groups.items()):
+        out.append((shape, dtype, names + [f"_pad{j}"] * (len(names) % 2)))
+    return out
+
+
+def statistics_bytes(sg: Segments) -> int:
+    """Bytes of every array the pool's owner holds for the statistics: each statistic (and
+    pad), and per pair its BatchNorm's data (1, C), gamma, beta and output (1, C), all of
+    the statistics' dtype."""
+    total = 0
+    for shape, dtype, names in statistics_groups(sg):
+        per = prod(shape) * _itemsize(dtype)
+        total += len(names) * per + len(names) // 2 * 4 * per
+    return total
 
 
 def _itemsize(dtype: str) -> int:
@@ -605,4 +653,4 @@ def make_segment_plan(graph: Graph, cuts: list[int], tree: Tree | None = None,
     masks = sum(graph.entry_bytes(graph.nodes[d].inputs[0]) for d in sg.dropouts) * 2
     outputs = sum(graph.entry_bytes(h) for h in graph.heads)
     return SegmentPlan(sg.cuts, tree, sg, totals, blocks, pool, staging, masks, outputs,
-                       dry_run(sg, tree))
+                       statistics_bytes(sg), dry_run(sg, tree))

@@ -8,8 +8,8 @@ child process (not stepped) at that batch and the next. Mirror plans: measured t
 ``Total X MB allocated`` (whole MB, rounded down) + the arguments, argument gradients and aux
 states simple_bind allocates. Segmented plans (recursive, multilevel) run on several executors:
 their measured total is every array the bound SegmentedExecutor holds (mxmirror.measure:
-pool, slots, outputs, masks, kept states) plus the user's arguments, argument gradients and
-aux states it was bound with.
+pool, statistics, slots, outputs, masks, kept states) plus the user's arguments, argument
+gradients and aux states it was bound with.
 
     python scripts/fit_table.py [--memory 4GB 8GB 12GB] [--networks resnet50 ...]
         [--policies none cheap ...] [--jobs N] [--out docs/fit_table.md]
@@ -179,8 +179,10 @@ def main() -> int:
         "MXNet's own `Total X MB allocated` (whole MB, rounded down) + the argument, gradient "
         "and aux arrays `simple_bind` allocates. Segmented plans (recursive, multilevel): "
         "every array the bound SegmentedExecutor holds (`Plan.mxnet_mb()`, mxmirror.measure: "
-        "its pool, slot arrays incl. arguments, gradients and aux states, output copies, "
-        "masks and the kept boundary values at their dry-run peak). *no plan at batch+1*: "
+        "its pool, the BatchNorm statistics its pool's owner holds, slot arrays incl. "
+        "arguments, gradients and aux states, output copies, masks and the kept boundary "
+        "values at their dry-run peak), which the prediction counts to the byte. "
+        "*no plan at batch+1*: "
         "the budgeted policy refuses the next batch (its smallest plan does not fit).",
         "",
         "| network | memory | policy | batch | predicted total MB | MXNet at batch MB "

@@ -107,7 +107,8 @@ def store_all_plans(a):
 def slot_split(sp) -> dict[str, float]:
     """segments.staging_bytes split by role (MB): parameter copies of repeated templates,
     parameter-gradient slots (a segment's gradient, added into the user's array), boundary
-    slots (values, their gradients, gradient inputs, masks), BatchNorm statistics."""
+    slots (values, their gradients, gradient inputs, masks); and beside them the BatchNorm
+    statistics the pool's owner holds (segments.statistics_bytes)."""
     from math import prod
 
     from mxmirror.segments import _itemsize
@@ -120,7 +121,6 @@ def slot_split(sp) -> dict[str, float]:
                               sg.slot_req[seg.key])
         for name, key in seg.slots:
             if key[0] == "aux":
-                shared[name] = ("statistics", 0)
                 continue
             b = prod(shapes[name]) * _itemsize(types[name])
             if key[0] == "arg":
@@ -136,7 +136,7 @@ def slot_split(sp) -> dict[str, float]:
     out = {"parameter copies": copies, "parameter gradients": 0, "boundary": 0}
     for role, b in shared.values():
         out[role] = out.get(role, 0) + b
-    out["statistics"] = sp.staging_bytes - sum(out.values())
+    out["statistics"] = sp.statistics_bytes
     return {k: v / MB for k, v in out.items()}
 
 

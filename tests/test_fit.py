@@ -41,14 +41,15 @@ def test_the_batch_found_fits_and_the_next_does_not(search, policy: str) -> None
     assert resident > 0  # arguments, gradients and aux states are counted
 
 
-@pytest.mark.parametrize("policy", ["none", "sqrt"])
+@pytest.mark.parametrize("policy", ["none", "sqrt", "multilevel"])
 def test_probing_finds_what_a_scan_finds_in_few_plans(search, policy: str) -> None:
-    """The line-guided probes end where a scan of every batch ends, planning few sizes."""
+    """The line-guided probes end where a scan of every batch ends, planning few sizes
+    (multilevel: guided by the least it reaches, after recursive's own probes)."""
     planned = []
     at = search.at
 
     def counting(p, k, memory):
-        planned.append(k)
+        planned.append((p, k))
         return at(p, k, memory)
 
     search.at = counting
@@ -60,7 +61,9 @@ def test_probing_finds_what_a_scan_finds_in_few_plans(search, policy: str) -> No
     while search.at(policy, scan + 1, MEMORY).fits:
         scan += 1
     assert good.size == scan and bad.size == scan + 1
-    assert len(planned) <= 6 < scan  # doubling and bisection alone: about 2 log2(scan)
+    own = [k for p, k in planned if p == policy]  # multilevel: recursive's probes aside
+    assert len(own) <= 4 if policy == "multilevel" else len(own) <= 6
+    assert 6 < scan  # doubling and bisection alone: about 2 log2(scan)
 
 
 def test_recomputing_fits_a_larger_batch(search) -> None:

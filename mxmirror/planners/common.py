@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..analysis import Analysis, Cut, Score
-from ..segments import SegmentPlan, build_segments, make_segment_plan
+from ..segments import SegmentPlan, chain_cuts, make_segment_plan
 
 
 @dataclass(frozen=True)
@@ -67,14 +67,9 @@ def greedy_cuts(a: Analysis, budget: float) -> list[Cut]:
     return chosen
 
 
-def candidates(a: Analysis, steps: int = 9, spread: float = 4.0) -> list[Candidate]:
-    """Algorithm 3's plans for budgets around the paper's B = sqrt(x*y).
-
-    x: the bytes kept with every cut taken (B = 0), y: the largest segment between them.
-    Whether losses are recomputed is decided once, by simulation at B itself.
-    """
-    if not a.cuts:
-        return []
+def paper_budget(a: Analysis) -> float:
+    """The paper's B = sqrt(x*y) of Algorithm 3. x: the bytes kept with every cut taken
+    (B = 0), y: the largest segment between them."""
     every = greedy_cuts(a, 0)
     x = sum(c.bytes for c in every)
     seg, y = 0, 0
@@ -84,17 +79,31 @@ def candidates(a: Analysis, steps: int = 9, spread: float = 4.0) -> list[Candida
         if i in cut_pos:
             y, seg = max(y, seg), 0
     y = max(y, seg)
-    b0 = math.sqrt(max(x, 1) * max(y, 1))
-    mid = greedy_cuts(a, b0)
+    return math.sqrt(max(x, 1) * max(y, 1))
+
+
+def grid_cuts(a: Analysis, steps: int = 9, spread: float = 4.0) -> list[tuple[float, list[Cut]]]:
+    """Algorithm 3's (budget, cuts) for `steps` budgets around paper_budget, `spread` times
+    below and above it. Cuts only: no simulation."""
+    if not a.cuts:
+        return []
+    b0 = paper_budget(a)
+    budgets = [b0 * spread ** (2 * k / (steps - 1) - 1) for k in range(steps)]
+    return [(b, greedy_cuts(a, b)) for b in budgets]
+
+
+def candidates(a: Analysis, steps: int = 9, spread: float = 4.0) -> list[Candidate]:
+    """Algorithm 3's plans for grid_cuts' budgets. Whether losses are recomputed is decided
+    once, by simulation at the paper's budget itself."""
+    grid = grid_cuts(a, steps, spread)
+    if not grid:
+        return []
+    mid = greedy_cuts(a, paper_budget(a))
     with_losses = a.score(segment_mirror(a, mid, mirror_losses=True)).planned_bytes
     without = a.score(segment_mirror(a, mid, mirror_losses=False)).planned_bytes
     mirror_losses = with_losses <= without
-    out = []
-    for k in range(steps):
-        b = b0 * spread ** (2 * k / (steps - 1) - 1)
-        chosen = greedy_cuts(a, b)
-        out.append(Candidate(b, chosen, segment_mirror(a, chosen, mirror_losses=mirror_losses)))
-    return out
+    return [Candidate(b, chosen, segment_mirror(a, chosen, mirror_losses=mirror_losses))
+            for b, chosen in grid]
 
 
 def best_of(a: Analysis, cands: list[Candidate]) -> tuple[Score, Candidate] | None:
@@ -111,14 +120,18 @@ def best_of(a: Analysis, cands: list[Candidate]) -> tuple[Score, Candidate] | No
 MAX_SEGMENTS = 400  # the multi-level DP is O(m^2) numpy steps: keep m moderate
 
 
-def segment_chain(a: Analysis, max_segments: int | None = None) -> SegmentPlan:
-    """The chain over every candidate cut (at most max_segments: every k-th), binary tree."""
+def finest_cuts(a: Analysis, max_segments: int | None = None) -> list[int]:
+    """Op positions of every candidate cut (at most max_segments: every k-th)."""
     cuts = a.cuts
     if max_segments is not None and len(cuts) >= max_segments:
         stride = math.ceil(len(cuts) / (max_segments - 1))  # a whole stride keeps the
         cuts = cuts[stride - 1::stride]  # period of repeated blocks (LSTM steps) intact
-    sg = build_segments(a.graph, [c.pos for c in cuts])
-    return make_segment_plan(a.graph, sg.cuts, sg=sg)
+    return chain_cuts(a.graph, [c.pos for c in cuts])
+
+
+def segment_chain(a: Analysis, max_segments: int | None = None) -> SegmentPlan:
+    """The chain over every candidate cut (at most max_segments: every k-th), binary tree."""
+    return make_segment_plan(a.graph, finest_cuts(a, max_segments))
 
 
 def segmented_choice(a: Analysis, sp: SegmentPlan, notes: tuple[str, ...] = ()) -> Choice:

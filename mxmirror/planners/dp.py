@@ -14,7 +14,7 @@ walked by ``segments.dry_run`` and its exact peak checked against the budget.
 Memory is discretised into K levels (boundary sizes rounded up), so the
 result is optimal for the chain model up to that rounding.
 
-The DP runs over several chains (``chains``): the finest (every candidate cut,
+The DP runs over several chains (``cut_sets``, then ``chains``): the finest (every candidate cut,
 whose binary recursion is the ``recursive`` plan) and the coarser ones of
 Algorithm 3's budget grid. A coarse chain trades a larger pool (its largest
 segment's training graph) for fewer boundaries and reruns; its store-all
@@ -36,12 +36,13 @@ from ..errors import PlanError
 from ..segments import (
     SegmentPlan,
     Tree,
-    build_segments,
+    chain_cuts,
     dry_run,
     make_segment_plan,
+    segment_flops,
     store_all_tree,
 )
-from .common import MAX_SEGMENTS, candidates, segment_chain
+from .common import MAX_SEGMENTS, finest_cuts, grid_cuts
 
 LEVELS = 64
 BUDGET_CELLS = 4e6  # a budget's table on a short chain: m^2 x levels
@@ -106,8 +107,8 @@ class Table:
 
 
 def fixed_bytes(sp: SegmentPlan) -> int:
-    """Planned bytes besides the kept states: pool, staging, masks, outputs, gradients."""
-    return sp.pool_bytes + sp.staging_bytes + sp.mask_bytes + sp.output_bytes
+    """Planned bytes besides the kept states: pool, staging, masks, outputs, statistics."""
+    return sp.planned_bytes - sp.dry.peak_bytes
 
 
 def table_for(sp: SegmentPlan, top_bytes: int, levels: int = LEVELS) -> Table:
@@ -117,24 +118,38 @@ def table_for(sp: SegmentPlan, top_bytes: int, levels: int = LEVELS) -> Table:
     return Table([s.flops for s in sg.segments], states, unit, levels)
 
 
+_cut_sets: weakref.WeakKeyDictionary[Analysis, dict[int, list[list[int]]]] = \
+    weakref.WeakKeyDictionary()
 _chains: weakref.WeakKeyDictionary[Analysis, dict[int, list[SegmentPlan]]] = \
     weakref.WeakKeyDictionary()
 
 
+def cut_sets(a: Analysis, max_segments: int = MAX_SEGMENTS) -> list[list[int]]:
+    """The cuts (op positions) of the chains the DP runs over: the finest first (the
+    ``recursive`` plan's), then Algorithm 3's coarser grid (distinct, 2..max_segments
+    segments); computed once per Analysis, with no segment built."""
+    found = _cut_sets.get(a, {}).get(max_segments)
+    if found is not None:
+        return found
+    fine = finest_cuts(a, max_segments)
+    out, seen = [fine], {tuple(fine)}
+    for _budget, grid in grid_cuts(a, steps=GRID_STEPS, spread=GRID_SPREAD):
+        cuts = chain_cuts(a.graph, [cut.pos for cut in grid])
+        if not cuts or tuple(cuts) in seen or len(cuts) + 1 > max_segments:
+            continue
+        seen.add(tuple(cuts))
+        out.append(cuts)
+    _cut_sets.setdefault(a, {})[max_segments] = out
+    return out
+
+
 def chains(a: Analysis, max_segments: int = MAX_SEGMENTS) -> list[SegmentPlan]:
-    """The chains the DP runs over, each with its binary tree: the finest first (the
-    ``recursive`` plan), then Algorithm 3's coarser cut sets; computed once per Analysis."""
+    """The plans of cut_sets' chains, each with its binary tree (the first is the
+    ``recursive`` plan); computed once per Analysis."""
     found = _chains.get(a, {}).get(max_segments)
     if found is not None:
         return found
-    fine = segment_chain(a, max_segments)
-    out, seen = [fine], {tuple(fine.segments.cuts)}
-    for c in candidates(a, steps=GRID_STEPS, spread=GRID_SPREAD):
-        sg = build_segments(a.graph, [cut.pos for cut in c.cuts])
-        if sg.m < 2 or tuple(sg.cuts) in seen or sg.m > max_segments:
-            continue
-        seen.add(tuple(sg.cuts))
-        out.append(make_segment_plan(a.graph, sg.cuts, sg=sg))
+    out = [make_segment_plan(a.graph, cuts) for cuts in cut_sets(a, max_segments)]
     _chains.setdefault(a, {})[max_segments] = out
     return out
 
@@ -142,13 +157,14 @@ def chains(a: Analysis, max_segments: int = MAX_SEGMENTS) -> list[SegmentPlan]:
 def recompute_floor(a: Analysis) -> float:
     """A recompute ratio no plan of curve(a) goes below: on every chain, each segment but
     the last runs its forward at least twice (the first pass, then again before its
-    backward: segments.walk_backward), store-all schedules included."""
+    backward: segments.walk_backward), store-all schedules included. Needs only each
+    chain's segment FLOPs: no segment or plan is built."""
     if not a.cuts:
         return float("inf")
     total = a.graph.forward_flops or 1.0
     floors = []
-    for sp in chains(a):
-        flops = [s.flops for s in sp.segments.segments]
+    for cuts in cut_sets(a):
+        flops = segment_flops(a.graph, cuts)
         floors.append((2 * sum(flops) - flops[-1] - total) / total)
     return min(floors)
 
@@ -206,13 +222,25 @@ def curve(a: Analysis, levels: int = LEVELS, max_segments: int = MAX_SEGMENTS):
                                            for pt in chain_curve(a, sp, levels, False)]
 
 
+_least: weakref.WeakKeyDictionary[Analysis, SegmentPlan] = weakref.WeakKeyDictionary()
+
+
+def smallest(a: Analysis) -> SegmentPlan:
+    """The least-memory schedule the DP finds over every chain; computed once per Analysis."""
+    found = _least.get(a)
+    if found is None:
+        found = _least[a] = min((_smallest(a, sp) for sp in chains(a)),
+                                key=lambda p: p.planned_bytes)
+    return found
+
+
 def plan_for_budget(a: Analysis, budget_bytes: int) -> SegmentPlan:
     """The least-recompute segmented plan over every chain whose planned bytes fit;
     PlanError naming the smallest reachable figure if none does."""
     fits = [p for sp in chains(a) if (p := _chain_for_budget(a, sp, budget_bytes))]
     if fits:
         return min(fits, key=lambda p: (recompute_of(p), p.planned_bytes))
-    low = min((_smallest(a, sp) for sp in chains(a)), key=lambda p: p.planned_bytes)
+    low = smallest(a)
     raise PlanError(f"budget {budget_bytes / 2**20:.0f} MB is below the smallest planned "
                     f"memory reachable even with several recomputations per node "
                     f"({low.planned_bytes / 2**20:.0f} MB); raise the budget")
