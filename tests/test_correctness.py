@@ -1,15 +1,17 @@
 """A planned symbol must train exactly like the unplanned one.
 
-For every policy and four kinds of graph (a CIFAR ResNet with BatchNorm, the
+For every policy and five graphs (two CIFAR ResNets with BatchNorm, the
 paper's unrolled LSTM with Dropout, a hand-made Inception/DenseNet-like graph
 with Concat and BatchNorm, an exported Gluon model-zoo network) the unplanned
 symbol and ``plan.symbol`` are bound with identical argument and auxiliary
 values and trained a few steps (forward(is_train=True), backward, and a plain
 SGD update done by hand on both, so the parameters evolve).  Outputs,
-gradients and auxiliary states (BatchNorm moving mean/var) must agree at
-every step.  The planned executor must really recompute (``_mirror`` nodes in
-``debug_str()``), Dropout must never be mirrored, and planned memory must not
-exceed the baseline.
+gradients and auxiliary states (BatchNorm moving mean/var) must be bitwise
+equal at every step, with MKL-DNN on and (``test_without_mkldnn``, a child)
+off: the mirror path runs MXNet's own kernels on the same values.  The
+planned executor must really recompute (``_mirror`` nodes in ``debug_str()``),
+Dropout must never be mirrored, and planned memory must not exceed the
+baseline.
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ from mxmirror.child import allocated_mb
 from mxmirror.planners import ALIASES
 from symbols.lstm import input_shapes, paper_lstm
 from symbols.resnet import resnet, resnet_by_depth
+from tests import mkldnn_off
 
 POLICIES = ("none", "cheap", "sqrt", "optimal", "budget")
 MUST_RECOMPUTE = ("sqrt", "optimal", "budget")
 STEPS = 3
 LR = 0.05
-RTOL, ATOL = 1e-5, 1e-6
 
 
 @dataclass
@@ -171,7 +173,7 @@ def _mismatches(base: list[dict], planned: list[dict]) -> list[str]:
             items = (enumerate(b[kind]) if isinstance(b[kind], list) else b[kind].items())
             for key, want in items:
                 got = p[kind][key]
-                if got.shape != want.shape or not np.allclose(got, want, rtol=RTOL, atol=ATOL):
+                if got.shape != want.shape or not np.array_equal(got, want):
                     diff = np.abs(got - want).max() if got.shape == want.shape else "shape"
                     bad.append(f"step {step} {kind} {key}: max |diff| {diff}")
     return bad
@@ -261,3 +263,10 @@ def test_dropout_masks_are_comparable(baselines) -> None:
         arr[:] = values[0][name]
     ex.forward(is_train=True)
     assert not np.allclose(ex.outputs[0].asnumpy(), records[0]["outputs"][0])
+
+
+def test_without_mkldnn() -> None:
+    """The same comparisons with MKL-DNN off (read at process start: a child)."""
+    if not mkldnn_off.MKLDNN:
+        pytest.skip("this process already runs without MKL-DNN")
+    mkldnn_off.run_pytest(__file__, "not without_mkldnn", passed=len(POLICIES) * len(GRAPHS) + 2)
