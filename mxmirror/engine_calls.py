@@ -4,33 +4,47 @@ A step of the segmented executor pushes thousands of small engine ops (copies in
 out of template slots, gradient sums, forwards of small executors). Through
 ``NDArray.copyto`` / ``+=`` / ``Executor.forward`` each costs 20-30 us of Python
 (argument checks, handle arrays built per call, new output NDArrays); the engine op
-itself is the same. These functions push the ops those methods push (``_copyto``,
-``MXExecutorForward``; for ``+=`` elemwise_add, which computes the same sums as
-NDArray.__iadd__'s broadcast_add but is much faster on equal shapes), with the argument
-arrays built by ctypes on the arrays' own handles.
+itself is the same. These functions push the same computations (``_copy``, elemwise_add,
+which computes the same sums as NDArray.__iadd__'s broadcast_add but is much faster on
+equal shapes, reset_arrays, ``MXExecutorForward``/``Backward``) with the argument arrays
+built by ctypes on the arrays' own handles, once per slot where the slot is fixed
+(``copier``, ``zeroer``). ``_copy`` rather than ``_copyto``: an FCompute op, so the engine
+bulks the copies between two template runs into one op (``BULK``); ``_copyto`` pushes
+each copy on its own.
 """
 
 from __future__ import annotations
 
 import ctypes
-from functools import cache
+from collections.abc import Callable
+from functools import cache, partial
 from typing import Any
+
+# Engine bulk size while the executor pushes a step: the copies, sums and zeroings between
+# two template runs (imperative FCompute ops) go to the engine as one op (a template's
+# forward or backward flushes the bulk before its own ops)
+BULK = 32
 
 
 @cache
 def _lib() -> tuple:
-    from mxnet.base import _LIB, NDArrayHandle, c_str, check_call
+    from mxnet.base import _LIB, NDArrayHandle, check_call
 
-    def handle(name: str) -> ctypes.c_void_p:
-        h = ctypes.c_void_p()
-        check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(h)))
-        return h
+    return _LIB, check_call, NDArrayHandle
 
-    return _LIB, check_call, NDArrayHandle, handle("_copyto"), handle("elemwise_add")
+
+@cache
+def _op(name: str) -> ctypes.c_void_p:
+    from mxnet.base import c_str
+
+    lib, check_call, _ = _lib()
+    h = ctypes.c_void_p()
+    check_call(lib.NNGetOpHandle(c_str(name), ctypes.byref(h)))
+    return h
 
 
 def _invoke(op: Any, inputs: list, out: Any) -> None:
-    lib, check_call, handle_type, _, _ = _lib()
+    lib, check_call, handle_type = _lib()
     ins = (handle_type * len(inputs))(*[a.handle for a in inputs])
     outs = ctypes.pointer(out.handle)
     stypes = ctypes.POINTER(ctypes.c_int)()
@@ -39,15 +53,55 @@ def _invoke(op: Any, inputs: list, out: Any) -> None:
                                         ctypes.byref(stypes)))
 
 
-def copy(src: Any, dst: Any) -> None:
-    """``src.copyto(dst)`` for two NDArrays."""
-    if src.handle.value != dst.handle.value:
-        _invoke(_lib()[3], [src], dst)
+def copier(dst: Any) -> Callable[[Any], None]:
+    """A function ``f(src)`` doing ``src.copyto(dst)`` into this one NDArray, its C
+    arguments built once: a segment's slots are filled thousands of times per step."""
+    lib, check_call, handle_type = _lib()
+    op = _op("_copy")
+    ins = (handle_type * 1)()
+    outs = ctypes.pointer(dst.handle)
+    call = partial(lib.MXImperativeInvokeEx, op, 1, ins, ctypes.byref(ctypes.c_int(1)),
+                   ctypes.byref(outs), 0, None, None,
+                   ctypes.byref(ctypes.POINTER(ctypes.c_int)()))
+    target = dst.handle.value
+
+    def run(src: Any) -> None:
+        if src.handle.value != target:
+            ins[0] = src.handle
+            check_call(call())
+
+    run.dst = dst  # the handle the arguments point into stays alive with the function
+    return run
+
+
+def zeroer(arrays: list) -> Callable[[], None]:
+    """A function setting these NDArrays to 0 in one engine op (``reset_arrays``), its C
+    arguments built once; none when the list is empty."""
+    if not arrays:
+        return _nothing
+    lib, check_call, handle_type = _lib()
+    n = len(arrays)
+    ins = (handle_type * n)(*[a.handle for a in arrays])
+    keys = (ctypes.c_char_p * 1)(b"num_arrays")
+    vals = (ctypes.c_char_p * 1)(str(n).encode())
+    fn, op, stypes = lib.MXImperativeInvokeEx, _op("reset_arrays"), ctypes.POINTER(ctypes.c_int)()
+    null = ctypes.POINTER(handle_type)
+
+    def run() -> None:  # reset_arrays mutates its inputs; it has no outputs
+        check_call(fn(op, n, ins, ctypes.byref(ctypes.c_int(0)), ctypes.byref(null()), 1,
+                      keys, vals, ctypes.byref(stypes)))
+
+    run.arrays = arrays
+    return run
+
+
+def _nothing() -> None:
+    pass
 
 
 def add_to(dst: Any, src: Any) -> None:
     """``dst += src`` for two NDArrays of one shape (elemwise_add into dst)."""
-    _invoke(_lib()[4], [dst, src], dst)
+    _invoke(_op("elemwise_add"), [dst, src], dst)
 
 
 def forward(ex: Any, is_train: bool) -> None:
@@ -57,29 +111,20 @@ def forward(ex: Any, is_train: bool) -> None:
     check_call(lib.MXExecutorForward(ex.handle, ctypes.c_int(int(is_train))))
 
 
-def alloc_spec(shape: tuple, dtype: Any, ctx: Any) -> tuple:
-    """What ``copy_new`` allocates (shape, dtype, context), as MXNDArrayCreate arguments,
-    built once per segment output rather than per run."""
-    import numpy as np
-    from mxnet.base import mx_int64, mx_uint
-    from mxnet.ndarray.ndarray import _DTYPE_NP_TO_MX, _int64_enabled
-
-    wide = _int64_enabled()
-    dims = ((mx_int64 if wide else ctypes.c_uint) * len(shape))(*shape)
-    ndim = (ctypes.c_int if wide else mx_uint)(len(shape))
-    return (wide, dims, ndim, ctypes.c_int(ctx.device_typeid), ctypes.c_int(ctx.device_id),
-            ctypes.c_int(1),
-            ctypes.c_int(_DTYPE_NP_TO_MX[np.dtype(dtype).type]))
+def backward(ex: Any) -> None:
+    """``ex.backward()`` for an MXNet executor whose heads are losses (no head gradients)."""
+    lib, check_call = _lib()[:2]
+    check_call(lib.MXExecutorBackwardEx(ex.handle, 0, None, 1))
 
 
-def copy_new(src: Any, spec: tuple) -> Any:
-    """``src.copy()`` for an NDArray, into a new array allocated per ``alloc_spec``."""
+def copy_new(src: Any) -> Any:
+    """``src.copy()`` for an NDArray: one ``_copy`` call that allocates its output."""
     from mxnet.ndarray.ndarray import NDArray
 
-    lib, check_call, handle_type = _lib()[:3]
-    hdl = handle_type()
-    create = lib.MXNDArrayCreateEx64 if spec[0] else lib.MXNDArrayCreateEx
-    check_call(create(*spec[1:], ctypes.byref(hdl)))
-    out = NDArray(hdl)
-    _invoke(_lib()[3], [src], out)
-    return out
+    lib, check_call, handle_type = _lib()
+    ins = (handle_type * 1)(src.handle)
+    outs = ctypes.POINTER(handle_type)()
+    check_call(lib.MXImperativeInvokeEx(_op("_copy"), 1, ins, ctypes.byref(ctypes.c_int(0)),
+                                        ctypes.byref(outs), 0, None, None,
+                                        ctypes.byref(ctypes.POINTER(ctypes.c_int)())))
+    return NDArray(handle_type(outs[0]))

@@ -136,6 +136,10 @@ class SegmentedExecutor(Driver):
         self._value_bytes: dict = {}  # boundary value entry -> bytes of its arrays
         self._runs = 0  # template runs pushed (each may overwrite the pool)
         self.peak_kept_bytes = 0  # measured: bytes of kept values and gradients at the peak
+        # the walks are the same every step: each kind (training, inference) is measured
+        # on its first run only, sparing the bookkeeping on every later one
+        self._measured: set[bool] = set()
+        self._measuring = True
         self.forward_flops_run = 0.0  # measured: FLOPs of every segment forward executed
 
     def _slot_arrays(self) -> dict:
@@ -247,17 +251,21 @@ class SegmentedExecutor(Driver):
             # they run: queued recomputations would run in the new mode; let them finish
             self._mx.nd.waitall()
         self._train_mode = is_train
+        self._measuring = is_train not in self._measured
         self._draw_masks(is_train)
         self._stored = None
         self._grads = {}
         self._held, self._held_refs, self._held_bytes = {}, {}, 0
         if is_train:
-            self._stored = walk_forward(self, self.plan.tree, self.sg.m)
+            with self._mx.engine.bulk(calls.BULK):
+                self._stored = walk_forward(self, self.plan.tree, self.sg.m)
         else:
             state: dict = {}
-            for i in range(1, self.sg.m + 1):
-                state = self._run_forward(i, state, True, False)
+            with self._mx.engine.bulk(calls.BULK):
+                for i in range(1, self.sg.m + 1):
+                    state = self._run_forward(i, state, True, False)
             self._live = None
+            self._measured.add(False)
         return self.outputs
 
     def backward(self, out_grads: Any = None, is_train: bool = True) -> None:
@@ -275,7 +283,9 @@ class SegmentedExecutor(Driver):
         zero(_distinct([self.grad_dict[n] for n, r in self._req.items() if r == "write"]))
         stored, self._stored = self._stored, None
         self._grads = {}
-        walk_backward(self, self.plan.tree, self.sg.m, stored)
+        with mx.engine.bulk(calls.BULK):
+            walk_backward(self, self.plan.tree, self.sg.m, stored)
+        self._measured.add(True)
         self._grads = {}
         self._held, self._held_refs, self._held_bytes = {}, {}, 0
         self._head_grads = None
@@ -364,15 +374,13 @@ class SegmentedExecutor(Driver):
         return st
 
     def _load(self, st: SegmentSteps, state: dict) -> None:
-        for e, slot in st.states:
+        for e, fill in st.states:
             value = state[e]
-            if type(value) is _InTemplate:
-                value = self._in_place(value)
-            calls.copy(value, slot)
-        for src, slot in st.copies:
-            calls.copy(src, slot)
-        for d, slot in st.masks:
-            calls.copy(self._masks[d], slot)
+            fill(self._in_place(value) if type(value) is _InTemplate else value)
+        for fill in st.copies:
+            fill()
+        for d, fill in st.masks:
+            fill(self._masks[d])
 
     def _run_forward(self, i: int, state: dict, first: bool, is_train: bool) -> dict:
         st = self._steps(i)
@@ -383,14 +391,13 @@ class SegmentedExecutor(Driver):
         keep = st.keep
         new = {e: v for e, v in state.items() if e in keep}
         outs = st.ex.outputs
-        for j, (e, spec, one_hop) in enumerate(st.outputs):
+        for j, (e, one_hop) in enumerate(st.outputs):
             # a value only the next segment reads stays in the template's output until that
             # segment copies it into its slot (Segments.one_hop), unless its state is held
-            new[e] = _InTemplate(outs[j], spec, self._runs) if one_hop else \
-                calls.copy_new(outs[j], spec)
+            new[e] = _InTemplate(outs[j], self._runs) if one_hop else calls.copy_new(outs[j])
         if first:
-            for j, dst in st.heads:
-                calls.copy(outs[j], dst)
+            for j, fill in st.heads:
+                fill(outs[j])
         self._note(state, new)
         self._live = i if is_train else None
         return new
@@ -405,14 +412,16 @@ class SegmentedExecutor(Driver):
         refs, size = self._held_refs, self._value_bytes
         for e, v in list(state.items()):
             if type(v) is _InTemplate:  # kept: copied out of the template now
-                state[e] = v = calls.copy_new(self._in_place(v), v.spec)
+                state[e] = v = calls.copy_new(self._in_place(v))
+            if not self._measuring:
+                continue
             n = refs.get(id(v), 0)
             if not n:
                 self._held_bytes += size[e]
             refs[id(v)] = n + 1
 
     def release(self, state: dict) -> None:
-        if self._held.pop(id(state), None) is None:
+        if self._held.pop(id(state), None) is None or not self._measuring:
             return
         refs, size = self._held_refs, self._value_bytes
         for e, v in state.items():
@@ -431,13 +440,13 @@ class SegmentedExecutor(Driver):
             self._runs += 1
             self.forward_flops_run += self.sg.segments[i - 1].flops
         else:  # the running statistics as they are now: another executor (a second call
-            for slot, user in st.aux_out:  # of a Gluon block) may have updated them since
-                calls.copy(user, slot)
+            for fill in st.aux_in:  # of a Gluon block) may have updated them since
+                fill()
         self._live = None
         # shared parameter gradient slots: what the backward leaves unwritten is 0
         zeroed = list(st.zeroed)
         one_hop = self.sg.one_hop
-        for kind, key, slot, view in st.grad_inputs:
+        for kind, key, slot, fill in st.grad_inputs:
             if kind == "ograd" and key in one_hop:
                 if key not in self._delivered:  # the reader's backward left none
                     zeroed.append(slot)
@@ -446,27 +455,27 @@ class SegmentedExecutor(Driver):
                 if g is None:
                     zeroed.append(slot)
                 else:
-                    calls.copy(g, view)
-        zero(zeroed)
+                    fill(g)
+        st.zero(zeroed)
         self._delivered = set()
-        ex.backward()
+        calls.backward(ex)
         self._runs += 1
         if st.aux:  # order the copy of the running statistics after BatchNorm's update
             settle(st.aux)
         for e, g in st.state_grads:
             if e in one_hop:  # straight into the producer's gradient input
-                calls.copy(g, self._hop_view(i - 1, e))
+                self._hop_fill(i - 1, e)(g)
                 self._delivered.add(e)
             elif e in self._grads:
                 calls.add_to(self._grads[e], g)
             else:
-                self._grads[e] = g.copy()
+                self._grads[e] = calls.copy_new(g)
         for user, slot in st.param_grads:
             calls.add_to(user, slot)
-        for slot, dst in st.aux_out:
-            calls.copy(slot, dst)
+        for fill in st.aux_out:
+            fill()
         self._note(state)
-        for e, _, _ in st.outputs:
+        for e, _ in st.outputs:
             self._grads.pop(e, None)
 
     def _in_place(self, value: _InTemplate) -> Any:
@@ -476,14 +485,16 @@ class SegmentedExecutor(Driver):
                                "template's output was read after another run")
         return value.array
 
-    def _hop_view(self, i: int, e: Any) -> Any:
-        """Segment i's gradient-input slot for its output e, shaped as e."""
-        return next(view for kind, key, _, view in self._steps(i).grad_inputs
+    def _hop_fill(self, i: int, e: Any) -> Any:
+        """The filler of segment i's gradient-input slot for its output e."""
+        return next(fill for kind, key, _, fill in self._steps(i).grad_inputs
                     if kind == "ograd" and key == e)
 
     def _note(self, *extra: dict) -> None:
         """Measured bytes of the kept values and boundary gradients (real NDArrays: each
         value's bytes are those of the template output it was copied from)."""
+        if not self._measuring:
+            return
         size, held = self._value_bytes, self._held_refs
         total = self._held_bytes + sum(size[e] for e in self._grads)
         seen: set = set()
@@ -499,10 +510,10 @@ class SegmentedExecutor(Driver):
 class _InTemplate:
     """A boundary value still in its template's output array (not copied out)."""
 
-    __slots__ = ("array", "spec", "run")
+    __slots__ = ("array", "run")
 
-    def __init__(self, array: Any, spec: tuple, run: int) -> None:
-        self.array, self.spec, self.run = array, spec, run
+    def __init__(self, array: Any, run: int) -> None:
+        self.array, self.run = array, run
 
 
 def _fits(buffers: dict | None, name: str, shape: tuple, dtype: str) -> bool:

@@ -9,7 +9,8 @@ lists of arrays.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from math import prod
 from typing import Any
 
@@ -22,19 +23,31 @@ class SegmentSteps:
     """The arrays one segment's runs read and write, in its template executor."""
 
     ex: Any  # the template (an MXNet executor)
-    states: list[tuple[Any, Any]]  # (boundary value entry, its input slot)
-    copies: list[tuple[Any, Any]]  # (parameter or statistic, its slot): copied in per run
-    masks: list[tuple[int, Any]]  # (Dropout node, its mask slot)
+    # fillers (engine_calls.copier) copy a source into one slot, their C arguments built once
+    states: list[tuple[Any, Any]]  # (boundary value entry, filler of its input slot)
+    copies: list[Any]  # fill one slot from its parameter or statistic: copied in per run
+    masks: list[tuple[int, Any]]  # (Dropout node, filler of its mask slot)
     keep: frozenset  # the values crossing the cut after this segment
-    outputs: list[tuple]  # (boundary value, engine_calls.alloc_spec, read by the next only)
-    heads: list[tuple[int, Any]]  # (template output index, the user's output array)
-    grad_inputs: list[tuple[str, Any, Any, Any]]  # (kind, key, slot, slot as the value)
+    outputs: list[tuple]  # (boundary value, read by the next segment only)
+    heads: list[tuple[int, Any]]  # (template output index, filler of the user's output)
+    grad_inputs: list[tuple[str, Any, Any, Any]]  # (kind, key, slot, filler of the slot
+    # through a view of the value's shape)
     param_grads: list[tuple[Any, Any]]  # (the user's gradient, its slot): accumulated
     zeroed: list[Any]  # shared gradient slots zeroed before each backward
     state_grads: list[tuple[Any, Any]]  # (boundary input entry, its gradient slot)
-    aux_out: list[tuple[Any, Any]]  # (statistic slot, the user's statistic): copied out
+    aux_out: list[Any]  # copy a statistic slot out to the user's statistic
+    aux_in: list[Any]  # fill a statistic slot from the user's statistic
     aux: list[Any]  # the template's statistics (ordered after its backward)
     value_bytes: dict  # boundary value entry -> bytes of the array holding it
+    zeroers: dict = field(default_factory=dict)  # slots zeroed together -> engine_calls.zeroer
+
+    def zero(self, slots: list) -> None:
+        """Set these slot arrays (fixed per segment) to 0 in one engine op."""
+        key = tuple(map(id, slots))
+        run = self.zeroers.get(key)
+        if run is None:
+            run = self.zeroers[key] = calls.zeroer(slots)
+        run()
 
     @classmethod
     def build(cls, seg: Segment, ex: Any, exe: Any, crossing: set, user_bound: set,
@@ -43,37 +56,39 @@ class SegmentSteps:
         `grad_bound`: (template, slot) bound to the user's value, and gradient."""
         args, grads, auxs = ex.arg_dict, ex.grad_dict, ex.aux_dict
         one_hop = exe.sg.one_hop
-        states, copies, masks, grad_inputs, param_grads, state_grads, aux_out = \
-            [], [], [], [], [], [], []
+        states, copies, masks, grad_inputs, param_grads, state_grads, aux_out, aux_in = \
+            [], [], [], [], [], [], [], []
         for name, key in seg.slots:
             kind = key[0]
             if kind == "state":  # filled from a kept flat value: through a view of that shape
                 slot = args[name]
-                states.append((key[1], slot.reshape((prod(slot.shape),))))
+                states.append((key[1], calls.copier(slot.reshape((prod(slot.shape),)))))
                 state_grads.append((key[1], grads[name]))
             elif kind == "arg":
                 if (seg.key, name) not in user_bound:
-                    copies.append((exe.arg_dict[key[1]], args[name]))
+                    copies.append(partial(calls.copier(args[name]), exe.arg_dict[key[1]]))
                 if exe.req_of(key[1]) != "null" and (seg.key, name) not in grad_bound:
                     param_grads.append((exe.grad_dict[key[1]], grads[name]))
             elif kind == "aux":
-                copies.append((exe.aux_dict[key[1]], auxs[name]))
-                aux_out.append((auxs[name], exe.aux_dict[key[1]]))
+                fill = partial(calls.copier(auxs[name]), exe.aux_dict[key[1]])
+                copies.append(fill)
+                aux_in.append(fill)
+                aux_out.append(partial(calls.copier(exe.aux_dict[key[1]]), auxs[name]))
             elif kind == "mask":
-                masks.append((key[1], args[name]))
+                masks.append((key[1], calls.copier(args[name])))
             elif kind in ("ograd", "hgrad"):
                 slot = args[name]
                 shape = exe.value_shape(kind, key[1])
                 view = slot if tuple(slot.shape) == shape else slot.reshape(shape)
-                grad_inputs.append((kind, key[1], slot, view))
-        heads = [(len(seg.outputs) + j, exe.outputs[h]) for j, h in enumerate(seg.heads)]
+                grad_inputs.append((kind, key[1], slot, calls.copier(view)))
+        heads = [(len(seg.outputs) + j, calls.copier(exe.outputs[h]))
+                 for j, h in enumerate(seg.heads)]
         outs = [ex.outputs[j] for j in range(len(seg.outputs))]
         value_bytes = {e: _nbytes(a) for e, a in zip(seg.outputs, outs)}
-        outputs = [(e, calls.alloc_spec(tuple(a.shape), a.dtype, exe.ctx), e in one_hop)
-                   for e, a in zip(seg.outputs, outs)]
+        outputs = [(e, e in one_hop) for e in seg.outputs]
         return cls(ex, states, copies, masks, frozenset(crossing), outputs, heads,
                    grad_inputs, param_grads, [g for _, g in param_grads], state_grads,
-                   aux_out, list(ex.aux_arrays), value_bytes)
+                   aux_out, aux_in, list(ex.aux_arrays), value_bytes)
 
 
 def _nbytes(a: Any) -> int:
