@@ -21,10 +21,19 @@ that computes it, which rounds like a separate add only for FullyConnected's bia
 with few rows, its weight (one BLAS block, see ``_FC_ROWS``); Embedding, Convolution and
 others do not (measured).
 
-``weight_sums`` models all three expressions on the graph and binds a weight in place
-only where its sum is then MXNet's own expression, term for term; elsewhere the slot path
-stays (which may itself differ from MXNet, e.g. when a segment holds several of a
-weight's uses: issue 13, item 5).
+A segment holding several uses of a weight may instead get a slot per use
+(``split_uses``, ``segments.build_segments``): every such slot is bound to the user's
+weight and, grad_req ``add``, to the user's gradient array (MXNet takes one array as the
+gradient of several arguments). No sum is made in the template then: each use's
+operator adds its term onto the array, in the order the template's executor pushes
+those operators (the engine runs the writes of one array in push order; ``_writers``
+reads that order off the simulated training graph). That is a chain, MXNet's own sum
+for 5 or more uses when the later uses are written first.
+
+``weight_sums`` models these expressions on the graph and binds a weight in place only
+where its sum is then MXNet's own expression, term for term; elsewhere the slot path
+stays (which may itself differ from MXNet, e.g. 2-4 uses in one segment with some in
+another: issue 13, item 5).
 """
 
 from __future__ import annotations
@@ -33,7 +42,8 @@ import os
 from math import prod
 from typing import Any
 
-from .graph import Graph, post_order
+from . import training_graph
+from .graph import PARAM, Graph, post_order
 
 # rows of a FullyConnected input up to which BLAS reduces the weight's gradient in one
 # block, so that accumulating (beta 1) rounds like writing and adding: measured exact up to
@@ -43,11 +53,31 @@ _FC_ROWS = 128
 Expr = Any  # a contribution (node id, input index), "user", or (op, operands...)
 
 
-def added_in_place(sg: Any) -> frozenset:
-    """(template key, slot name) of the user-bound parameter slots (Segments.user_slots)
-    whose gradient the template adds straight into the user's gradient array. `sg`: a
-    segments.Segments."""
-    return frozenset(s for slots, _ in weight_sums(sg).values() for s in slots)
+def split_uses(sg: Any) -> frozenset:
+    """Weights worth a slot per use (segments.build_segments): read by several nodes of
+    one segment, bound to the user's arrays, and not added in place with one slot. With a
+    slot per use, each use's term is added onto the user's gradient by the operator that
+    computes it, in the order the template's backward runs them: a chain, as MXNet sums 5
+    or more terms (2 in either order), so that is exact where one slot (its own
+    ElementWiseSum) is not."""
+    graph = sg.graph
+    many: set[str] = set()
+    exact_adds: dict[str, bool] = {}  # every use's operator adds as "write, then add"
+    for seg in sg.segments:
+        readers: dict[str, set] = {}
+        for nid in seg.nodes:
+            for j, (src, _) in enumerate(graph.nodes[nid].inputs):
+                v = graph.nodes[src]
+                if v.is_variable and v.grad_req != "null":
+                    readers.setdefault(v.name, set()).add(nid)
+                    exact_adds[v.name] = exact_adds.get(v.name, True) and \
+                        _adds_exactly(graph, (nid, j))
+        many |= {name for name, r in readers.items() if len(r) > 1 and exact_adds[name]}
+    if not many:
+        return frozenset()
+    bound = {key[1] for seg in sg.segments for name, key in seg.slots
+             if (seg.key, name) in sg.user_slots}
+    return frozenset(w for w in many & bound if not sg.weight_sums.get(w, ((), False))[0])
 
 
 def weight_sums(sg: Any) -> dict[str, tuple[frozenset, bool]]:
@@ -55,8 +85,8 @@ def weight_sums(sg: Any) -> dict[str, tuple[frozenset, bool]]:
     its gradient with MXNet's own expression), for every weight a segment reads."""
     graph = sg.graph
     cap = int(os.environ.get("MXNET_EXEC_INPLACE_GRAD_SUM_CAP", "8"))
-    # per weight: its template slots, and its contributions per segment in the template's
-    # own order
+    # per weight: its template slots, and per segment its slots with their contributions
+    # in the template's own order
     slots: dict[str, set] = {}
     groups: dict[str, dict[int, list]] = {}
     for seg in sg.segments:
@@ -64,7 +94,8 @@ def weight_sums(sg: Any) -> dict[str, tuple[frozenset, bool]]:
         for name, key in seg.slots:
             if key[0] == "arg" and sg.slot_req[seg.key].get(name) != "null":
                 slots.setdefault(key[1], set()).add((seg.key, name))
-                groups.setdefault(key[1], {})[seg.index] = local.get(name, [])
+                groups.setdefault(key[1], {}).setdefault(seg.index, []).append(
+                    (name, local.get(name, [])))
     out = {}
     for var, v in _contributions(graph, graph.forward_order).items():
         name = graph.nodes[var].name
@@ -109,20 +140,60 @@ def _template_contributions(seg: Any) -> dict[str, list]:
 
 
 def _segmented(user: Expr, groups: dict[int, list], sg: Any, graph: Graph, cap: int,
-               bound: set) -> Expr:
-    """The sum the segmented executor computes, segments backward from the last, each
-    in place where its template's slot is bound."""
+               bound: frozenset) -> Expr:
+    """The sum the segmented executor computes, segments backward from the last: in place
+    where its template's slots are bound (each slot's terms onto the user's array, in the
+    order the template's backward writes them), else each slot's sum added in slot order."""
     acc = user
     for i in sorted(groups, reverse=True):
         seg = sg.segments[i - 1]
-        terms = groups[i]
-        if not terms:
-            continue
-        if any(seg.key == key for key, _ in bound):
-            acc = _into(acc, terms, graph, cap)
+        uses = groups[i]
+        if any((seg.key, name) in bound for name, _ in uses):
+            ranked = _write_order(seg, [name for name, _ in uses])
+            if ranked is None:
+                return ("unknown",)
+            for _, terms in sorted(uses, key=lambda u: ranked[u[0]]):
+                acc = _into(acc, terms, graph, cap) if terms else acc
         else:
-            acc = _sum(terms, cap) if acc is None else _plus(acc, _sum(terms, cap))
+            for _, terms in uses:
+                if terms:
+                    acc = _sum(terms, cap) if acc is None else _plus(acc, _sum(terms, cap))
     return acc
+
+
+def _write_order(seg: Any, names: list[str]) -> dict[str, int] | None:
+    """Slot name -> position, in the template executor's run order, of the node that
+    writes the gradient of that slot (MXNet pushes the nodes of its training graph in
+    that order, and the engine runs the writes of one array in push order). None where
+    two slots share a writer, or the sub-graph has no backward templates."""
+    if len(names) == 1:
+        return {names[0]: 0}
+    writers = _writers(seg.graph, seg.structure)
+    if writers is None:
+        return None
+    ranked = {name: writers[name] for name in names}
+    return ranked if len(set(ranked.values())) == len(ranked) else None
+
+
+_WRITERS: dict[str, dict[str, int] | None] = {}  # segment structure -> _writers
+
+
+def _writers(sub: Graph, structure: str) -> dict[str, int] | None:
+    """Parameter slot name -> position of its gradient's writer in the training graph of
+    a template (the same for every template of that structure)."""
+    if structure not in _WRITERS:
+        if len(_WRITERS) > 256:
+            _WRITERS.clear()
+        out = None
+        if sub.templates is not None:
+            sub.templates(sub)
+            tg = training_graph.build(sub, set())
+            pos = {id(n): i for i, n in enumerate(tg.nodes)}
+            params = [n.name for n in sub.forward_order if n.kind == PARAM]
+            out = {name: pos[id(tg.outputs[tg.num_forward_outputs + j][0])]
+                   for j, name in enumerate(params)}
+        _WRITERS[structure] = out
+    return _WRITERS[structure]
 
 
 def _into(acc: Expr, terms: list, graph: Graph, cap: int) -> Expr:

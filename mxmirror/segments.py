@@ -50,6 +50,8 @@ class Segment:
     outputs: list[Entry]  # values produced here and read by later segments
     heads: list[int]  # indices into graph.heads computed here
     slots: list[tuple[str, tuple]]  # (variable name in the sub-symbol, source)
+    # sources: ("arg", name) or, a slot per use, ("arg", name, reading node); ("aux", name);
+    # ("state"|"ograd", entry); ("mask", Dropout node); ("hgrad", head index)
     json: str  # the sub-symbol, canonical names (equal for equal structure)
     key: str  # template key: the structure, and the weights it binds (weight_set_keys)
     flops: float = 0.0
@@ -93,12 +95,18 @@ class Segments:
         return frozenset(k for k, v in var.items() if len(v) == 1)
 
     @cached_property
+    def weight_sums(self) -> dict[str, tuple[frozenset, bool]]:
+        """grad_sums.weight_sums: per weight, its slots added in place and whether its
+        gradient is then MXNet's own sum."""
+        from .grad_sums import weight_sums
+
+        return weight_sums(self)
+
+    @cached_property
     def grad_slots(self) -> frozenset:
         """The user slots whose gradient the template adds straight into the user's
-        gradient array, no slot between (grad_sums.added_in_place)."""
-        from .grad_sums import added_in_place
-
-        return added_in_place(self)
+        gradient array, no slot between (grad_sums.weight_sums)."""
+        return frozenset(s for slots, _ in self.weight_sums.values() for s in slots)
 
     @cached_property
     def one_hop(self) -> frozenset:
@@ -134,10 +142,28 @@ def segment_flops(graph: Graph, cuts: list[int]) -> list[float]:
 
 
 def build_segments(graph: Graph, cuts: list[int]) -> Segments:
-    """Cut the graph after the given op-order positions (pure Graph IR, no MXNet)."""
+    """Cut the graph after the given op-order positions (pure Graph IR, no MXNet). A weight
+    that a segment reads more than once gets a slot per use there, each bound to the user's
+    arrays, where that adds its gradient in place exactly as MXNet sums it and one slot
+    would not (grad_sums.split_uses)."""
+    from .grad_sums import split_uses
+
+    cuts = chain_cuts(graph, cuts)
+    sg = _cut(graph, cuts, frozenset())
+    split = split_uses(sg)
+    while split:  # each round drops the weights whose uses the last one did not add exactly
+        trial = _cut(graph, cuts, split)
+        kept = split & {w for w, (slots, exact) in trial.weight_sums.items() if slots and exact}
+        if kept == split:
+            return trial
+        split = kept
+    return sg
+
+
+def _cut(graph: Graph, cuts: list[int], split: frozenset) -> Segments:
+    """The segments of `cuts` (chain_cuts), a slot per use for the weights in `split`."""
     order = graph.op_order
     n = len(order)
-    cuts = chain_cuts(graph, cuts)
     pos = {nd.id: i for i, nd in enumerate(order)}
     seg_of = {}
     bounds = [-1] + cuts + [n - 1]
@@ -182,7 +208,7 @@ def build_segments(graph: Graph, cuts: list[int]) -> Segments:
         outputs = sorted((e for e in crossing[i] if seg_of[e[0]] == i), key=lambda e: (pos[e[0]],
                                                                                        e[1]))
         heads = [j for j, h in enumerate(graph.heads) if seg_of.get(h[0]) == i]
-        segs.append(_make_segment(out, i, ids, outputs, heads))
+        segs.append(_make_segment(out, i, ids, outputs, heads, split))
     _key_by_weight_set(out)
     return out
 
@@ -214,7 +240,7 @@ def _key_by_weight_set(sg: Segments) -> None:
 
 
 def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry],
-                  heads: list[int]) -> Segment:
+                  heads: list[int], split: frozenset) -> Segment:
     """The segment as a graph of its own (Graph IR, built from the parent's nodes) and its
     MXNet symbol JSON (what the executor binds)."""
     graph = sg.graph
@@ -251,11 +277,12 @@ def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry]
                 inputs.append(key[1])
         return var_of[key]
 
-    def ref(src: int, k: int) -> Entry:
+    def ref(src: int, k: int, reader: int | None = None) -> Entry:
         nd = graph.nodes[src]
         if nd.is_variable:
             kind = "aux" if nd.kind == AUX else "arg"
-            return (var((kind, nd.name), nd.shapes[0], nd.dtypes[0],
+            use = (reader,) if nd.name in split else ()  # a slot per reading node
+            return (var((kind, nd.name) + use, nd.shapes[0], nd.dtypes[0],
                         "null" if nd.grad_req == "null" else "write"), 0)
         if src in local:
             return (local[src], k)
@@ -274,7 +301,7 @@ def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry]
     for nid in ids:
         nd = graph.nodes[nid]
         flops += nd.flops
-        ins = [ref(s, k) for s, k in nd.inputs]
+        ins = [ref(s, k, nid) for s, k in nd.inputs]
         if nd.op == "Dropout":
             src = graph.nodes[nd.inputs[0][0]]
             k = nd.inputs[0][1]
@@ -290,7 +317,9 @@ def _make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry]
     # (1 * g), and MXNet allocates no head-gradient array per executor for a loss.
     head_refs: list[Entry] = []
     losses = []
-    outputs = sorted(outputs, key=lambda e: -graph.entry_bytes(e))
+    # (of equal size, the last made first where weights have a slot per use: the backward
+    # then visits, and writes, the later uses of a weight first, as MXNet's sum adds them)
+    outputs = sorted(outputs[::-1] if split else outputs, key=lambda e: -graph.entry_bytes(e))
     for e in outputs:
         # the value leaves flat (the executor reads it through views of that shape): with
         # MKL-DNN, the reshape reorders a blocked layout to plain once, and both the output
