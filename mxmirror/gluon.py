@@ -4,10 +4,12 @@ MXNet 1.9.1's CachedOp builds its gradient graph with no mirror function, so a G
 graph can only be planned on a symbolic executor. PlannedBlock exports the block's graph
 as a Symbol, plans it, binds it with the block's own aux states (BatchNorm statistics are
 updated in place) and a copy of its weights refreshed before every forward, and records
-each call on autograd's tape as one custom function of the call's inputs and a probe (a
-one-element variable, so autograd's backward always reaches the call). Its backward runs
-the executor's backward into the executor's own gradient arrays and writes the inputs'
-gradients autograd asks for.
+each call on autograd's tape as two custom functions: the executor's, of the call's
+inputs and a probe (a one-element variable, so autograd's backward always reaches the
+call), and after it one that gives out the outputs (its backward copies their gradients
+and tells the first that they reached the loss). The executor's backward runs the
+executor's backward into its own gradient arrays and writes the inputs' gradients
+autograd asks for.
 
 The Parameters stay off autograd's tape. If they were on it, autograd would sum the
 gradient of a Parameter that another recorded op also uses (a weight penalty, a weight
@@ -39,7 +41,9 @@ data) each get their own executor (one per call position, reused every iteration
 chained on the tape by a one-element token (each later call takes the previous call's),
 so their backwards run last call first, one after the other: BatchNorm updates its
 running statistics in backward, and this is the order plain Gluon updates them in when
-the first call's input needs no gradient (measured).
+the first call's input needs no gradient (measured). The token reaches an earlier call
+whose outputs do not reach the loss; its backward then skips the executor, as plain
+Gluon runs no backward for it.
 """
 
 from __future__ import annotations
@@ -229,7 +233,7 @@ class _Bound:
                 x.copyto(self.exec.arg_dict[name])
             self.exec.forward(is_train=True)
             outputs = [o.copy() for o in self.exec.outputs]
-            token = mx.nd.zeros((1,), self.ctx)
+            token, link = mx.nd.zeros((1,), self.ctx), mx.nd.zeros((1,), self.ctx)
         self.probe._fresh_grad = False
         for _, p in self.trained:  # fresh again after backward(): autograd wrote it too
             p.data(self.ctx)._fresh_grad = False
@@ -238,31 +242,41 @@ class _Bound:
         previous = [chain.calls[-1].token] if position > 0 else []
         call = _Call(self, token)
         chain.calls.append(call)
-        _record(list(inputs) + [self.probe] + previous, outputs + [token],
+        _record(list(inputs) + [self.probe] + previous, [link, token],
                 lambda *grads: self._backward(call, *grads), call.ran.set)
+        # the outputs come from a second node, run first in backward() when they reach
+        # the loss: a call reached only through a later call's token skips its backward
+        _record([link], outputs, lambda *grads: self._outputs_reached(call, *grads),
+                lambda: None)
         for out in outputs:  # marks autograd's node of the outputs: fed by a planned call
             out._fresh_grad = True
         return _regroup(outputs, self.fmt)
 
-    def _backward(self, call: _Call, out_grads: list, in_grads: list, reqs: list) -> None:
+    def _outputs_reached(self, call: _Call, out_grads: list, in_grads: list,
+                         _reqs: list) -> None:
+        """The outputs' gradients, copied: out_grads view autograd's arrays under engine
+        variables of their own, and autograd frees those arrays once this op completes,
+        which is when every write to in_grads pushed here has run. So write the link's
+        gradient (never read) from each copy: the op then waits for the copies."""
+        for view, own in zip(out_grads, self.head_grads):
+            view.copyto(own)
+            in_grads[0][:] = own.reshape((-1,))[:1]
+        call.outputs_reached = True
+
+    def _backward(self, call: _Call, _out_grads: list, in_grads: list, reqs: list) -> None:
         """The executor's backward into its own gradient arrays, and the inputs' gradients
         autograd asked for; backward() then writes the Parameters' (_write_param_grads).
-        Calls run their backwards last first (the tokens order them), so BatchNorm
-        statistics update in the order plain Gluon's backward updates them when no later
-        call's input needs a gradient (measured)."""
+        A call whose outputs did not reach the loss (only a later call's token did) runs
+        no backward, as plain Gluon runs none: its inputs' gradients are zeros."""
         try:
             with _one_backward:
-                # out_grads view autograd's arrays under engine variables of their own, and
-                # autograd frees those arrays once this op completes; it completes when
-                # every write to in_grads pushed here has run. So copy them, and write the
-                # probe's gradient (never read) from each copy: the op then waits for them.
-                probe_grad = in_grads[len(self.names)]
-                for view, own in zip(out_grads, self.head_grads):
-                    view.copyto(own)
-                    probe_grad[:] = own.reshape((-1,))[:1]
-                self.exec.backward(out_grads=self.head_grads)
+                if call.outputs_reached:
+                    self.exec.backward(out_grads=self.head_grads)
                 for dst, req, src in zip(in_grads, reqs, self.input_grads):
-                    _write(dst, req, src)
+                    if call.outputs_reached:
+                        _write(dst, req, src)
+                    elif req == "write" and src is not None:
+                        dst[:] = 0
         finally:
             call.ran.set()
 
@@ -286,6 +300,7 @@ class _Call:
         self.ran = threading.Event()  # its backward callback has queued its work, or its
         # tape is gone without one
         self.written = False  # backward() has written its Parameters' gradients
+        self.outputs_reached = False  # a backward() reached its outputs (not only its token)
 
     def reached(self) -> bool:
         """A backward() reached it since its Parameters' gradients were last written."""
@@ -433,7 +448,8 @@ def _write_param_grads() -> None:
                         continue
                     call.wait()
                     bound = call.bound
-                    for (_, p), grad in zip(bound.trained, bound.param_grads):
+                    for (_, p), grad in zip(bound.trained, bound.param_grads
+                                            if call.outputs_reached else []):
                         data = p.data(bound.ctx)
                         terms.setdefault(id(data), (p, bound.ctx, []))[2].append(grad)
                     bound.probe._fresh_grad = False
