@@ -27,6 +27,7 @@ from mxnet import autograd, gluon
 
 from mxmirror.gluon import PlannedBlock
 from tests import mkldnn_off
+from tests import test_gluon_segmented as seg
 from tests.test_gluon import CTXS, assert_same
 from tests.test_gluon_calls import ROOT, _child, dense_bn
 
@@ -50,13 +51,16 @@ def tied_pair():
     return first, second
 
 
-def train(case, policy=None, optimizer="sgd", steps=3, grad_req="write"):
+def train(case, policy=None, optimizer="sgd", steps=3, grad_req="write", make=dense_bn,
+          shape=(8, 10), by_name=False):
     """Every array a user can read after `steps` Trainer steps of `case`:
     'square' (loss + 1e-4 * (w ** 2).sum()), 'mul' (loss + 1e-4 * (w * w).sum()) or
     'tied' (two planned blocks sharing their first layer's weight and bias); with
-    grad_req 'add', every second step takes the Trainer step and zeroes the gradients."""
+    grad_req 'add', every second step takes the Trainer step and zeroes the gradients.
+    w is the first weight of `make`'s block; parameters by position, or by name for
+    blocks that list them in another order."""
     CTXS[:] = [mx.cpu(0)]
-    nets = tied_pair() if case == "tied" else (dense_bn(),)
+    nets = tied_pair() if case == "tied" else (make(),)
     params = {}
     for net in nets:
         net.hybridize()
@@ -68,11 +72,12 @@ def train(case, policy=None, optimizer="sgd", steps=3, grad_req="write"):
     models = [net if policy is None else PlannedBlock(net, policy) for net in nets]
     opt = {"learning_rate": 0.01, "wd": 1e-4, **({"momentum": 0.9} if optimizer == "sgd" else {})}
     trainer = gluon.Trainer(params, optimizer, opt)
-    weight = nets[0][0].weight
+    weight = next(p for p in params.values() if p.name.endswith("weight"))
+    keys = list(params) if by_name else range(len(params))  # names count up per run
     rs = np.random.RandomState(1)
     seen = {}
     for step in range(steps):
-        xs = [mx.nd.array(rs.rand(8, 10)) for _ in models]
+        xs = [mx.nd.array(rs.rand(*shape)) for _ in models]
         with autograd.record():
             outs = [model(x) for model, x in zip(models, xs)]
             loss = sum(((o - k) ** 2).mean() for k, o in enumerate(outs))
@@ -85,15 +90,15 @@ def train(case, policy=None, optimizer="sgd", steps=3, grad_req="write"):
         seen[f"loss{step}"] = loss
         for i, o in enumerate(outs):
             seen[f"out{step}.{i}"] = o
-        for k, p in enumerate(params.values()):  # by position: names count up per run
+        for k, p in zip(keys, params.values()):
             if p.grad_req != "null":
                 seen[f"grad{step}.{k}"] = p.grad().asnumpy()
         if grad_req != "add" or step % 2 == 1:
-            trainer.step(8)
+            trainer.step(shape[0])
             if grad_req == "add":
                 for p in params.values():
                     p.zero_grad()
-    for k, p in enumerate(params.values()):
+    for k, p in zip(keys, params.values()):
         seen[f"value.{k}"] = p.data()
     return {k: v.asnumpy() if isinstance(v, mx.nd.NDArray) else v for k, v in seen.items()}
 
@@ -139,6 +144,19 @@ def check_rounded_sums():
     print("worst ulps", worst)
 
 
+def check_segmented_penalty():
+    """The segmented kind: a penalty on the first conv weight of the 32-block chain under
+    recursive (segmented executors, checked), against plain Gluon
+    (with MKL-DNN on, the clipped reference of test_gluon_segmented)."""
+    shape = (2, 3, seg.SIZE, seg.SIZE)
+    seg.segment_plan(seg.chain, 2)  # asserts the planned executor is segmented
+    for optimizer in ("sgd", "adam"):
+        assert_same(train("square", "recursive", optimizer, make=seg.chain, shape=shape,
+                          by_name=True),
+                    train("square", None, optimizer, make=seg.reference(seg.chain, 2),
+                          shape=shape, by_name=True))
+
+
 HANG_CHILD = """
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -153,6 +171,10 @@ def test_penalty_and_tied_weights_like_plain():
     and tied weights with grad_req 'add' (sqrt's plan recomputes:
     test_gluon_calls.test_two_and_three_calls_like_plain checks it on this network)."""
     _child(HANG_CHILD.format(name="exact_cases"), timeout=300)
+
+
+def test_segmented_penalty_like_plain():
+    _child(HANG_CHILD.format(name="segmented_penalty"), timeout=300)
 
 
 def test_sums_autograd_started_within_measured_rounding():
@@ -202,4 +224,4 @@ def test_input_with_another_use_is_refused_never_a_hang():
 
 def test_mkldnn_off_bit_identical():
     """MKL-DNN is read at process start: the comparisons above in a child with it off."""
-    mkldnn_off.run_pytest(__file__, "not mkldnn_off", passed=3)
+    mkldnn_off.run_pytest(__file__, "not mkldnn_off", passed=4)
