@@ -125,8 +125,8 @@ def check_rounded_sums():
     already made (three terms with w * w; grad_req 'add' with a penalty: the old gradient
     plus two terms): every other array is bit-identical; that gradient and, after the
     Trainer's step, that weight are within SUM_ULPS units in the last place of the
-    array's largest element. Measured (MKL-DNN on): 1 ulp for the gradient, up to 1.75
-    for the weight after an Adam step."""
+    array's largest element. Measured (MKL-DNN on and off alike): 1 ulp for the
+    gradient, up to 1.75 for the weight after an Adam step."""
     worst = 0.0
     for optimizer in ("sgd", "adam"):
         for case, steps, grad_req in (("mul", 1, "write"), ("square", 2, "add"),
