@@ -4,10 +4,32 @@ MXNet 1.9.1's CachedOp builds its gradient graph with no mirror function, so a G
 graph can only be planned on a symbolic executor. PlannedBlock exports the block's graph
 as a Symbol, plans it, binds it with the block's own aux states (BatchNorm statistics are
 updated in place) and a copy of its weights refreshed before every forward, and records
-each call on autograd's tape as one custom function of the Parameters and the inputs
-whose backward runs the executor's backward. autograd then writes the Parameters'
-gradients with their own grad_req and marks them fresh, exactly as for any recorded op,
-so an unchanged ``gluon.Trainer`` trains the block.
+each call on autograd's tape as two custom functions: the executor's, of the call's
+inputs and a probe (a one-element variable, so autograd's backward always reaches the
+call), and after it one that gives out the outputs (its backward copies their gradients
+and tells the first that they reached the loss). The executor's backward runs the
+executor's backward into its own gradient arrays and writes the inputs' gradients
+autograd asks for.
+
+The Parameters stay off autograd's tape. If they were on it, autograd would sum the
+gradient of a Parameter that another recorded op also uses (a weight penalty, a weight
+tied between two blocks, two calls of one block) with ElementWiseSum, which takes a
+temp-space resource and is queued, from the caller's thread, before the backward
+callback pushes the executor ops that need the same resource, while it waits for their
+results: MXNet 1.9.1's engine deadlocks. Instead ``backward()`` (autograd.backward and
+NDArray.backward, wrapped once a PlannedBlock exists) writes them after autograd's own
+backward, from the caller's thread, once the callbacks of the calls it reached have
+queued their work: each trained Parameter's gradient from the executors' (summed over
+the calls in the order plain Gluon sums them), honouring its grad_req, added to what
+autograd wrote into it if another op used it in the same backward, and marked fresh
+for ``Trainer.step``. The wait also keeps ops queued after ``backward()`` that need a
+resource (Adam's update, a random draw) behind the callbacks' work.
+
+What cannot be made safe this way is refused with a PlanError, never left to hang: an
+input needing its gradient that autograd would sum (the input used by another op or by
+two calls: checked in ``backward()``), an input computed by unplanned operators that
+need its gradient (checked at the call), a recorded call of the block itself beside a
+pending planned call (their BatchNorm statistics would update in no fixed order).
 
 The backward runs on MXNet's custom-operator thread inside an asynchronous engine op that
 completes only after it, so nothing there may wait for the engine: the executor (MXNet's
@@ -16,13 +38,12 @@ is the one place the segmented executor waits (when its mode changes).
 
 Several calls of one block in one ``record()`` (a GAN's discriminator on real and fake
 data) each get their own executor (one per call position, reused every iteration) and are
-chained on the tape by a one-element token: the first call takes the Parameters, each
-later call the previous call's token. autograd then sees every Parameter used once, runs
-the calls' backwards last call first, and the first call's backward sums every call's
-Parameter gradients (``add_n``, the op autograd itself sums with). Letting autograd sum
-them instead deadlocks MXNet 1.9.1: its sum (ElementWiseSum) takes a temp-space resource
-and is queued, from the caller's thread, before the backward callbacks push the executor
-ops that need the same resource, while it waits for those callbacks' results.
+chained on the tape by a one-element token (each later call takes the previous call's),
+so their backwards run last call first, one after the other: BatchNorm updates its
+running statistics in backward, and this is the order plain Gluon updates them in when
+the first call's input needs no gradient (measured). The token reaches an earlier call
+whose outputs do not reach the loss; its backward then skips the executor, as plain
+Gluon runs no backward for it.
 """
 
 from __future__ import annotations
@@ -92,15 +113,16 @@ class PlannedBlock(_mx().gluon.Block):
             with _inside():
                 return self.block(*inputs)
         _check_inputs(inputs, {})
+        _check_fed_by_planned(inputs)
         with _chain_lock:
             chain = _chain(self.block, inputs[0].context)
             if chain.plain:  # said once: its outputs may have been dropped since
                 chain.plain = False
                 raise PlanError(
                     f"PlannedBlock {self.block.name} is called after a recorded call of the "
-                    f"block itself that backward() has not reached: MXNet 1.9.1 deadlocks "
-                    f"summing their gradients. Call it through the PlannedBlock every time "
-                    f"in a record() (every call is planned), or call backward() between the two")
+                    f"block itself that backward() has not reached: {_MIXED} Call it through "
+                    f"the PlannedBlock every time in a record() (every call is planned), or "
+                    f"call backward() between the two")
             position = chain.next_position()
             return self.bound(inputs, position).run(inputs, chain, position)
 
@@ -180,8 +202,8 @@ class _Bound:
         aux = {n: params[n].data(ctx) for n in symbol.list_auxiliary_states()}
         for n in symbol.list_auxiliary_states():
             types[n] = _dtype(params[n].dtype)
-        # the executor writes every gradient into its own array; autograd then writes the
-        # Parameter's (and the input's) with its grad_req, so the Trainer sees fresh grads
+        # the executor writes every gradient into its own array; the callback writes the
+        # inputs' with autograd's req, backward() the Parameters' with their grad_req
         bind_reqs = {n: ("null" if r == "null" else "write") for n, r in reqs.items()}
         grads = {n: mx.nd.zeros(args[n].shape, ctx, dtype=args[n].dtype)
                  for n, r in bind_reqs.items() if r != "null"}
@@ -189,31 +211,18 @@ class _Bound:
         self.plan, self.exec = _bind_planned(owner, symbol, ctx, args, grads, bind_reqs, aux,
                                              types, shapes)
         self.input_grads = [self.exec.grad_dict.get(n) for n in names]
+        self.wants_input_grads = any(g is not None for g in self.input_grads)
+        # the output gradients, copied from the callback's views of autograd's arrays
+        self.head_grads = [mx.nd.empty(o.shape, ctx, dtype=o.dtype) for o in self.exec.outputs]
         self.param_grads = [self.exec.grad_dict[n] for n, _ in self.trained]
         # an extra input of every recorded call: autograd marks its gradient fresh when a
         # backward() that reaches the call starts (Imperative::Backward, synchronously)
         self.probe = mx.nd.zeros((1,), ctx)
         self.probe.attach_grad()
-        self.done = threading.Event()  # set once the last recorded call's backward is queued
-        self.done.set()  # (or its tape is gone without one); one Event per recorded call
 
     def current(self, params: dict, ctx: Any) -> bool:
         """Still bound to the Parameters' own aux arrays (cast or reset_ctx replace them)."""
         return all(params[n].data(ctx) is a for n, a in self.aux.items())
-
-    def free(self) -> bool:
-        """No recorded call of this executor still needs its state. When backward() has
-        reached its last call, wait until autograd's thread has queued that backward."""
-        if self.done.is_set():
-            return True
-        if not self.probe._fresh_grad:
-            return False  # recorded, no backward yet: another call in the same record()
-        if not self.done.wait(timeout=5):
-            _mx().nd.waitall()  # raises what failed upstream, if anything did
-            if not self.done.is_set():
-                raise PlanError("the backward of a PlannedBlock call never ran (MXNet "
-                                "skipped it); the next call cannot reuse its executor")
-        return True
 
     def run(self, inputs: tuple, chain: _Chain, position: int) -> Any:
         mx = _mx()
@@ -224,41 +233,52 @@ class _Bound:
                 x.copyto(self.exec.arg_dict[name])
             self.exec.forward(is_train=True)
             outputs = [o.copy() for o in self.exec.outputs]
-            token = mx.nd.zeros((1,), self.ctx)
+            token, link = mx.nd.zeros((1,), self.ctx), mx.nd.zeros((1,), self.ctx)
         self.probe._fresh_grad = False
-        # the first call of a record() takes the Parameters, a later one the previous
-        # call's token: autograd sees each Parameter used once (module docstring)
-        first = [p.data(self.ctx) for _, p in self.trained] if position == 0 \
-            else [chain.calls[-1][1]]
-        tape_inputs = first + list(inputs) + [self.probe]
-        done = self.done = threading.Event()
-        chain.calls.append((self, token))
-        _record(tape_inputs, outputs + [token],
-                lambda *grads: self._backward(chain, position, done, *grads), done.set)
+        for _, p in self.trained:  # fresh again after backward(): autograd wrote it too
+            p.data(self.ctx)._fresh_grad = False
+        # the Parameters stay off the tape (module docstring); a later call of the
+        # record() takes the previous call's token, so the calls' backwards run last first
+        previous = [chain.calls[-1].token] if position > 0 else []
+        call = _Call(self, token)
+        chain.calls.append(call)
+        _record(list(inputs) + [self.probe] + previous, [link, token],
+                lambda *grads: self._backward(call, *grads), call.ran.set)
+        # the outputs come from a second node, run first in backward() when they reach
+        # the loss: a call reached only through a later call's token skips its backward
+        _record([link], outputs, lambda *grads: self._outputs_reached(call, *grads),
+                lambda: None)
+        for out in outputs:  # marks autograd's node of the outputs: fed by a planned call
+            out._fresh_grad = True
         return _regroup(outputs, self.fmt)
 
-    def _backward(self, chain: _Chain, position: int, done: threading.Event,
-                  out_grads: list, in_grads: list, reqs: list) -> None:
-        """Calls run their backwards last first (the tokens order them), so BatchNorm
-        statistics update in the order plain Gluon's backward updates them (measured);
-        the first call also sums every call's Parameter gradients, with autograd's op."""
-        mx = _mx()
+    def _outputs_reached(self, call: _Call, out_grads: list, in_grads: list,
+                         _reqs: list) -> None:
+        """The outputs' gradients, copied: out_grads view autograd's arrays under engine
+        variables of their own, and autograd frees those arrays once this op completes,
+        which is when every write to in_grads pushed here has run. So write the link's
+        gradient (never read) from each copy: the op then waits for the copies."""
+        for view, own in zip(out_grads, self.head_grads):
+            view.copyto(own)
+            in_grads[0][:] = own.reshape((-1,))[:1]
+        call.outputs_reached = True
+
+    def _backward(self, call: _Call, _out_grads: list, in_grads: list, reqs: list) -> None:
+        """The executor's backward into its own gradient arrays, and the inputs' gradients
+        autograd asked for; backward() then writes the Parameters' (_write_param_grads).
+        A call whose outputs did not reach the loss (only a later call's token did) runs
+        no backward, as plain Gluon runs none: its inputs' gradients are zeros."""
         try:
             with _one_backward:
-                self.exec.backward(out_grads=out_grads[:-1])
-                skip = len(self.trained) if position == 0 else 1
-                for dst, req, src in zip(in_grads[skip:], reqs[skip:], self.input_grads):
-                    _write(dst, req, src)
-                if position > 0:
-                    chain.later[position] = self.param_grads
-                    return
-                later = [chain.later.pop(k) for k in sorted(chain.later)]
-                for i, (dst, req, src) in enumerate(zip(in_grads, reqs, self.param_grads)):
-                    if later and req != "null":
-                        src = mx.nd.add_n(*[grads[i] for grads in reversed(later)], src)
-                    _write(dst, req, src)
+                if call.outputs_reached:
+                    self.exec.backward(out_grads=self.head_grads)
+                for dst, req, src in zip(in_grads, reqs, self.input_grads):
+                    if call.outputs_reached:
+                        _write(dst, req, src)
+                    elif req == "write" and src is not None:
+                        dst[:] = 0
         finally:
-            done.set()
+            call.ran.set()
 
 
 def _write(dst: Any, req: str, src: Any) -> None:
@@ -271,31 +291,64 @@ def _write(dst: Any, req: str, src: Any) -> None:
         dst[:] = src
 
 
+class _Call:
+    """One recorded call of a planned executor."""
+
+    def __init__(self, bound: _Bound, token: Any) -> None:
+        self.bound = bound
+        self.token = token  # its extra output, the next call's extra input
+        self.ran = threading.Event()  # its backward callback has queued its work, or its
+        # tape is gone without one
+        self.written = False  # backward() has written its Parameters' gradients
+        self.outputs_reached = False  # a backward() reached its outputs (not only its token)
+
+    def reached(self) -> bool:
+        """A backward() reached it since its Parameters' gradients were last written."""
+        return self.bound.probe._fresh_grad
+
+    def free(self) -> bool:
+        """No backward of this call is still to come. When backward() has reached it,
+        wait until autograd's thread has queued that backward."""
+        if self.ran.is_set():
+            return True
+        if not self.bound.probe._fresh_grad:
+            return self.written  # recorded, no backward yet: another call in the record()
+        self.wait()
+        return True
+
+    def wait(self) -> None:
+        """Until the callback of a call backward() has reached has queued its work."""
+        if not self.ran.wait(timeout=5):
+            _mx().nd.waitall()  # raises what failed upstream, if anything did
+            if not self.ran.is_set():
+                raise PlanError("the backward of a PlannedBlock call never ran (MXNet "
+                                "skipped it); the next call cannot reuse its executor")
+
+
 class _Chain:
     """The recorded calls of one block on one context since the last one backward() has
-    reached: (executor, token) in call order, and the Parameter gradients that later
-    calls' backwards left for the first call's (by call position)."""
+    reached, in call order."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[_Bound, Any]] = []
-        self.later: dict[int, list] = {}
+        self.calls: list[_Call] = []
         self.plain = False  # a recorded call of the block itself, not yet backward()ed
 
     def pending(self) -> bool:
         """A recorded call that no backward() has reached (nor its tape dropped)."""
-        return not all(bound.free() for bound, _ in self.calls)
+        return not all(call.free() for call in self.calls)
 
     def next_position(self) -> int:
         """The next call's position: after the pending ones, or 0 once all are done."""
         if not self.pending():
             self.calls.clear()
-            self.later.clear()
         return len(self.calls)
 
 
 _chain_lock = threading.RLock()
 _chains: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # block -> {ctx: _Chain}
 _watched: weakref.WeakSet = weakref.WeakSet()  # blocks with _refuse_mixed_calls as pre-hook
+_MIXED = ("their backwards would update its BatchNorm statistics in an order that changes "
+          "from run to run (measured).")
 _calling = threading.local()
 _backward_originals: list = []  # autograd.backward, NDArray.backward as MXNet has them
 
@@ -312,27 +365,108 @@ def _wait_in_backward() -> None:
     originals = (mx.autograd.backward, mx.nd.NDArray.backward)
     _backward_originals.extend(originals)
 
-    def backward(*args: Any, **kwargs: Any) -> None:
-        originals[0](*args, **kwargs)
-        _reached_calls_queued()
+    def backward(heads: Any, *args: Any, **kwargs: Any) -> None:
+        _check_input_uses(heads)
+        originals[0](heads, *args, **kwargs)
+        _write_param_grads()
 
     def array_backward(self: Any, *args: Any, **kwargs: Any) -> None:
+        _check_input_uses(self)
         originals[1](self, *args, **kwargs)
-        _reached_calls_queued()
+        _write_param_grads()
 
     mx.autograd.backward = backward
     mx.nd.NDArray.backward = array_backward
 
 
-def _reached_calls_queued() -> None:
-    """Also forgets a recorded call of a block itself once backward() has written every
-    gradient of the block's Parameters (autograd marks them fresh)."""
+def _check_input_uses(heads: Any) -> None:
+    """Before backward(): a planned call's input whose gradient autograd must sum with
+    another (the input used by another recorded op, twice by one call, or by two calls)
+    is refused. autograd's sum takes a temp-space resource and waits for the planned
+    call's backward, whose executor ops then wait for the same resource: MXNet 1.9.1's
+    engine deadlocks (module docstring; measured with MXNET_CPU_TEMP_COPY=1)."""
+    import json
+
+    mx = _mx()
     with _chain_lock:
+        if not any(call.bound.wants_input_grads and not call.written
+                   for chains in list(_chains.values()) for chain in chains.values()
+                   for call in chain.calls):
+            return  # the usual case: no planned call was given an input with a gradient
+    heads = heads if isinstance(heads, (list, tuple)) else [heads]
+    try:
+        graph = json.loads(mx.sym.Group([mx.autograd.get_symbol(h) for h in heads]).tojson())
+    except mx.base.MXNetError:
+        return  # a head not on the tape: autograd's own backward() says so
+    nodes = graph["nodes"]
+    wanted = []  # the node's outputs need a gradient (var<N>: a variable autograd computes)
+    for n in nodes:
+        wanted.append(not n["name"].startswith("null") if n["op"] == "null"
+                      else any(wanted[i] for i, _, _ in n["inputs"]))
+    uses: dict[tuple, int] = {}
+    for n in nodes:
+        for i, out, _ in n["inputs"]:
+            uses[i, out] = uses.get((i, out), 0) + 1
+    for i, out, _ in graph["heads"]:
+        uses[i, out] = uses.get((i, out), 0) + 1
+    for n in nodes:
+        if n["op"] != "_CustomFunction":
+            continue
+        for i, out, _ in n["inputs"]:
+            if wanted[i] and uses[i, out] > 1:
+                with _chain_lock:  # the refused graph's calls: never backward()ed now
+                    for chains in list(_chains.values()):
+                        for chain in chains.values():
+                            for call in chain.calls:
+                                call.ran.set()
+                raise PlanError(
+                    "an input of a planned call needs its gradient and is also used by "
+                    "another recorded operator or call: autograd would sum its gradients "
+                    "with an operator that deadlocks MXNet 1.9.1 beside the planned "
+                    "backward. Call the block itself (unplanned) where its input has "
+                    "another use, or detach() the other use if it needs no gradient")
+
+
+def _write_param_grads() -> None:
+    """After autograd's backward(), from the caller's thread: once the callbacks of the
+    planned calls it reached have queued their executors' backwards, write every trained
+    Parameter's gradient from theirs, honouring its grad_req, and mark it fresh for
+    Trainer.step. Several calls' gradients are summed in the order plain Gluon's autograd
+    sums them (last call first), and added to autograd's own when another recorded op
+    used the Parameter too (autograd marked it fresh: run() had unmarked it)."""
+    mx = _mx()
+    terms: dict[int, tuple[Any, Any, list]] = {}  # by the Parameter's array on a context
+    with _chain_lock:
+        for chains in list(_chains.values()):
+            for chain in chains.values():
+                if any(call.reached() for call in chain.calls):
+                    for call in chain.calls:  # later calls it did not reach: their tokens'
+                        if not call.reached():  # history is cleared, so no backward()
+                            call.ran.set()  # reaches them any more
+                for call in reversed(chain.calls):
+                    if not call.reached():
+                        continue
+                    call.wait()
+                    bound = call.bound
+                    for (_, p), grad in zip(bound.trained, bound.param_grads
+                                            if call.outputs_reached else []):
+                        data = p.data(bound.ctx)
+                        terms.setdefault(id(data), (p, bound.ctx, []))[2].append(grad)
+                    bound.probe._fresh_grad = False
+                    call.ran.clear()  # a backward(retain_graph=True) may run it again
+                    call.written = True
+        with mx.autograd.pause():  # backward() may be called inside record()
+            for p, ctx, grads in terms.values():
+                total = grads[0] if len(grads) == 1 else mx.nd.add_n(*grads)
+                data, dst = p.data(ctx), p.grad(ctx)
+                if data._fresh_grad or p.grad_req == "add":
+                    dst[:] += total
+                else:
+                    dst[:] = total
+                data._fresh_grad = True
         for block, chains in list(_chains.items()):
             for ctx, chain in chains.items():
-                for bound, _ in chain.calls:
-                    bound.free()  # waits for a reached call's callback
-                if chain.plain:
+                if chain.plain:  # forgotten once backward() has written all its gradients
                     trained = [p for p in block.collect_params().values()
                                if p.grad_req != "null"]
                     chain.plain = not all(any(str(d.context) == ctx and d._fresh_grad
@@ -356,8 +490,9 @@ class _inside:  # noqa: N801 - used as a context manager
 
 def _refuse_mixed_calls(block: Any, inputs: tuple, inside: bool = False) -> None:
     """A forward pre-hook of every planned block: a recorded call of the block itself
-    beside a pending planned call of it. Both would write the same Parameters' gradients,
-    which autograd sums with an op that deadlocks MXNet 1.9.1's engine (module docstring)."""
+    beside a pending planned call of it. Their gradients would add up right, but not
+    their BatchNorm statistics: the block's backward runs on the caller's thread, the
+    planned call's on autograd's callback thread, in no fixed order."""
     mx = _mx()
     if (getattr(_calling, "inside", False) and not inside) or not mx.autograd.is_recording():
         return
@@ -370,9 +505,8 @@ def _refuse_mixed_calls(block: Any, inputs: tuple, inside: bool = False) -> None
             raise PlanError(
                 f"{block.name} is called unplanned inside autograd.record() while a planned "
                 f"call of it (PlannedBlock, or mxmirror run / enabled()) waits for "
-                f"backward(): MXNet 1.9.1 deadlocks summing their gradients. Call it through "
-                f"the PlannedBlock every time in a record() (every call is planned), or "
-                f"call backward() between the two")
+                f"backward(): {_MIXED} Call it through the PlannedBlock every time in a "
+                f"record() (every call is planned), or call backward() between the two")
         chain.plain = True
 
 
@@ -417,11 +551,14 @@ def _check_fed_by_planned(inputs: tuple) -> None:
 
     mx = _mx()
     for i, x in enumerate(inputs):
-        if _input_req(x) == "null":
-            continue
+        if _input_req(x) == "null" or x._fresh_grad:
+            continue  # no history; or a planned call's output (run() marks them), whose
+            # inputs were checked at that call; or a variable a backward() has reached
         nodes = json.loads(mx.autograd.get_symbol(x).tojson())["nodes"]
         ops = sorted({n["op"] for n in nodes} - {"null", "_CustomFunction"})
-        if ops:
+        # autograd names the variables it computes gradients for var<N>, other arrays null<N>
+        wanted = any(n["op"] == "null" and not n["name"].startswith("null") for n in nodes)
+        if ops and wanted:
             raise PlanError(f"input {i} is computed by unplanned operators that need its "
                             f"gradient ({', '.join(ops[:5])}); MXNet 1.9.1 can deadlock "
                             f"when they run beside a planned call (hybridize the block that "
@@ -476,7 +613,7 @@ def _record(inputs: list, outputs: list, backward: Any, release: Any) -> None:
 
     mx.autograd.Function is not used: its backward stops at the first input whose req is
     null and silently skips req 'add' (MXNet 1.9.1), and a block's input often has no
-    gradient while its Parameters may be 'add'.
+    gradient while the probe after it needs one.
     """
     from mxnet.base import _LIB, MXCallbackList, NDArrayHandle, c_array, c_handle_array, check_call
     from mxnet.ndarray import NDArray

@@ -7,8 +7,9 @@ section of the given page):
    (``Total X MB allocated`` of the planned executor's debug_str, bound in a child
    process exactly as PlannedBlock binds it: parameters trained, the input without a
    gradient), and the recompute ratio. PlannedBlock also allocates, on top of MXNet's
-   figure, a copy of the weights and one gradient buffer per parameter (autograd copies
-   it into Parameter.grad()) and the input/output copies: the "own arrays" column.
+   figure, a copy of the weights and one gradient buffer per parameter (backward()
+   copies it into Parameter.grad()), the input copy and the output and output-gradient
+   copies: the "own arrays" column.
 2. Peak RSS of a child process over a few real Trainer steps, plain hybridized vs
    PlannedBlock (a couple of networks; everything else in the process is the same).
 3. Step time planned / plain hybridized from the same runs (one run, steps after the
@@ -81,7 +82,7 @@ def memory_rows(networks: list[str], policies: list[str], batch: int) -> list[st
             pl = plans[p]
             cells.append(f"{pl.planned_mb:.0f} / {fig} ({fig / base:.2f}x), "
                          f"{pl.recompute_ratio:.2f}")
-        own = 2 * param_mb + (np.prod(shape) + batch * 1000) * 4 / 2**20
+        own = 2 * param_mb + (np.prod(shape) + 2 * batch * 1000) * 4 / 2**20
         rows.append("| " + " | ".join(cells) + f" | {own:.0f} |")
         print(rows[-1], flush=True)
     return rows
