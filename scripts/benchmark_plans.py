@@ -314,7 +314,7 @@ def predict(sym_json: str, shapes: dict, do_mirror: bool = False):
 @dataclass
 class Row:
     label: str
-    mxnet_mb: int | None = None
+    mxnet_mb: float | None = None  # whole MB from MXNet; a segmented plan's measured MB
     pred_mb: float | None = None
     plan_s: float | None = None
     recompute: float | None = None
@@ -387,6 +387,14 @@ def bench_network(c: Config, args, bar) -> tuple[list[Row], dict]:
                      f"optimal; {BUDGET_FACTOR}x sqrt refused)")
             p = mxmirror.plan(plain, policy, budget=budget, grad_req=GRAD_REQ, **shapes)
         plans[policy] = p
+        if p.execution.kind == "segmented":
+            # only mxmirror's SegmentedExecutor runs it: every array it holds, measured
+            # whole in a child (measure.py), stands for MXNet's figure; no step timed
+            step(f"measure {policy} (segmented)")
+            rows.append(Row(label + ", segmented", mxnet_mb=p.mxnet_mb(),
+                            pred_mb=p.planned_mb, plan_s=p.plan_seconds,
+                            recompute=p.recompute_ratio, ours=True, note=note))
+            continue
         rows.append(Row(label, pred_mb=p.planned_mb, plan_s=p.plan_seconds,
                         recompute=p.recompute_ratio, json=p.symbol.tojson(), ours=True,
                         note=note))
@@ -453,7 +461,8 @@ def table(c: Config, rows: list[Row], info: dict) -> str:
         vs = r.mxnet_mb / mg if (mg and r.mxnet_mb is not None) else None
         step = "—" if r.step_ratio is None else f"{r.step_ratio:.2f}x ({r.step_s * 1e3:.0f} ms)"
         out.append("| " + " | ".join([
-            r.label, _f(r.mxnet_mb, "d"), _f(r.pred_mb, ".1f"), _f(err, "+.2f"),
+            r.label, _f(r.mxnet_mb, "d" if isinstance(r.mxnet_mb, int) else ".1f"),
+            _f(r.pred_mb, ".1f"), _f(err, "+.2f"),
             _f(r.plan_s, ".2f"), _f(r.recompute, ".3f"),
             _f(vs, ".3f") + ("" if vs is None or not r.ours else
                              (" ✓" if vs <= TARGET_VS_MEMONGER else "")),
@@ -571,7 +580,10 @@ def main(argv: list[str] | None = None) -> int:
             f"total wall time {total:.0f} s.", "",
             "Columns: *MXNet MB (bind)* is MXNet's own `Total X MB allocated` from "
             "`Executor.debug_str()` after `simple_bind` on CPU in a child process "
-            "(memonger's figure is the smallest such figure its search saw). *mxmirror "
+            "(memonger's figure is the smallest such figure its search saw); for a plan "
+            "only mxmirror's SegmentedExecutor runs (a row marked *segmented*), every array "
+            "that executor holds, measured after binding it in a child "
+            "(`mxmirror.measure`). *mxmirror "
             "predicted MB* is mxmirror's simulation of MXNet's planner for that row's "
             "mirror set (for the MXNet-mirror and memonger rows too: the symbol's "
             "`__force_mirroring__` attributes, plus what `MXNET_BACKWARD_DO_MIRROR=1` "
