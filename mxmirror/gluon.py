@@ -28,8 +28,14 @@ resource (Adam's update, a random draw) behind the callbacks' work.
 What cannot be made safe this way is refused with a PlanError, never left to hang: an
 input needing its gradient that autograd would sum (the input used by another op or by
 two calls: checked in ``backward()``), an input computed by unplanned operators that
-need its gradient (checked at the call), a recorded call of the block itself beside a
-pending planned call (their BatchNorm statistics would update in no fixed order).
+need its gradient (checked at the call), a recorded call of the block itself in training
+mode beside a pending planned call (their BatchNorm statistics would update in no fixed
+order), and autograd.grad or backward(retain_graph=True) while a planned call waits
+(the Parameters are off the tape, and a second backward would reuse spent state).
+
+With grad_req 'add' the first call of a record() binds the Parameter's own gradient
+(grad_req 'add'), as the CachedOp adds into it, unless another PlannedBlock trains the
+same Parameter (tied weights keep autograd's sum-then-add).
 
 The backward runs on MXNet's custom-operator thread inside an asynchronous engine op that
 completes only after it, so nothing there may wait for the engine: the executor (MXNet's
@@ -93,6 +99,7 @@ class PlannedBlock(_mx().gluon.Block):
         self.budget = budget
         self._bound: dict[tuple, _Bound] = {}  # by (context, shapes, ..., call position)
         self._weight_copies: dict[tuple, Any] = {}  # by (context, name, shape, dtype)
+        _planned_blocks.add(self)
         if block not in _watched:
             _watched.add(block)
             block.register_forward_pre_hook(_refuse_mixed_calls)
@@ -145,7 +152,13 @@ class PlannedBlock(_mx().gluon.Block):
             out = self.block(*[mx.sym.var(n) for n in names])
         heads, fmt = _flatten(out)
         symbol = heads[0] if len(heads) == 1 else mx.sym.Group(heads)
-        self._bound[key] = _Bound(self, symbol, fmt, names, inputs, input_reqs, params, ctx)
+        self._bound[key] = _Bound(self, symbol, fmt, names, inputs, input_reqs, params, ctx,
+                                  position)
+        if not self.block._cached_op_args:
+            # HybridBlock.export saves the Parameters listed when the block builds its
+            # CachedOp, which a block only ever called planned never does: an empty file
+            with mx.autograd.pause(), _inside():
+                self.block._build_cache(*inputs)
         return self._bound[key]
 
     def _params_by_name(self) -> dict:
@@ -167,7 +180,8 @@ class _Bound:
     """One planned executor for the block's Parameters, and its autograd bridge."""
 
     def __init__(self, owner: PlannedBlock, symbol: Any, fmt: Any, names: list[str],
-                 inputs: tuple, input_reqs: tuple, params: dict, ctx: Any) -> None:
+                 inputs: tuple, input_reqs: tuple, params: dict, ctx: Any,
+                 position: int = 0) -> None:
         mx = _mx()
         self.fmt = fmt
         self.names = names
@@ -207,6 +221,18 @@ class _Bound:
         bind_reqs = {n: ("null" if r == "null" else "write") for n, r in reqs.items()}
         grads = {n: mx.nd.zeros(args[n].shape, ctx, dtype=args[n].dtype)
                  for n, r in bind_reqs.items() if r != "null"}
+        # grad_req 'add': the first call of a record() adds straight into the Parameter's
+        # gradient, as the block's CachedOp does (a kernel may add its terms one by one:
+        # the non-MKL-DNN Convolution adds each batch chunk, which a sum added after
+        # rounds differently, measured); later calls' sums are added after, as autograd's
+        # (a Parameter another planned block shares, a tied weight, keeps the sum:
+        # autograd sums its uses before adding them to the old gradient)
+        shared = _shared_with_others(owner)
+        self.owner = owner
+        self.direct = {n: p.grad(ctx) for n, p in self.trained
+                       if p.grad_req == "add" and position == 0 and id(p) not in shared}
+        for n, g in self.direct.items():
+            grads[n], bind_reqs[n] = g, "add"
         self.aux = aux
         self.plan, self.exec = _bind_planned(owner, symbol, ctx, args, grads, bind_reqs, aux,
                                              types, shapes)
@@ -222,7 +248,10 @@ class _Bound:
 
     def current(self, params: dict, ctx: Any) -> bool:
         """Still bound to the Parameters' own aux arrays (cast or reset_ctx replace them)."""
-        return all(params[n].data(ctx) is a for n, a in self.aux.items())
+        return all(params[n].data(ctx) is a for n, a in self.aux.items()) and \
+            all(params[n].grad(ctx) is g for n, g in self.direct.items()) and \
+            not (self.direct and {id(params[n]) for n in self.direct}
+                 & _shared_with_others(self.owner))
 
     def run(self, inputs: tuple, chain: _Chain, position: int) -> Any:
         mx = _mx()
@@ -279,6 +308,12 @@ class _Bound:
                         dst[:] = 0
         finally:
             call.ran.set()
+
+
+def _shared_with_others(owner: PlannedBlock) -> set[int]:
+    """ids of the Parameters other live PlannedBlocks train (tied weights)."""
+    return {id(q) for other in list(_planned_blocks) if other is not owner
+            for q in other.block.collect_params().values()}
 
 
 def _write(dst: Any, req: str, src: Any) -> None:
@@ -347,6 +382,7 @@ class _Chain:
 _chain_lock = threading.RLock()
 _chains: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # block -> {ctx: _Chain}
 _watched: weakref.WeakSet = weakref.WeakSet()  # blocks with _refuse_mixed_calls as pre-hook
+_planned_blocks: weakref.WeakSet = weakref.WeakSet()  # every live PlannedBlock
 _MIXED = ("their backwards would update its BatchNorm statistics in an order that changes "
           "from run to run (measured).")
 _calling = threading.local()
@@ -362,21 +398,47 @@ def _wait_in_backward() -> None:
     mx = _mx()
     if _backward_originals:
         return
-    originals = (mx.autograd.backward, mx.nd.NDArray.backward)
+    originals = (mx.autograd.backward, mx.nd.NDArray.backward, mx.autograd.grad)
     _backward_originals.extend(originals)
 
-    def backward(heads: Any, *args: Any, **kwargs: Any) -> None:
+    def backward(heads: Any, head_grads: Any = None, retain_graph: bool = False,
+                 *args: Any, **kwargs: Any) -> None:
+        _refuse_unsupported("backward(retain_graph=True)", retain_graph)
         _check_input_uses(heads)
-        originals[0](heads, *args, **kwargs)
+        originals[0](heads, head_grads, retain_graph, *args, **kwargs)
         _write_param_grads()
 
-    def array_backward(self: Any, *args: Any, **kwargs: Any) -> None:
+    def array_backward(self: Any, out_grad: Any = None, retain_graph: bool = False,
+                       *args: Any, **kwargs: Any) -> None:
+        _refuse_unsupported("backward(retain_graph=True)", retain_graph)
         _check_input_uses(self)
-        originals[1](self, *args, **kwargs)
+        originals[1](self, out_grad, retain_graph, *args, **kwargs)
         _write_param_grads()
+
+    def grad(*args: Any, **kwargs: Any) -> Any:
+        _refuse_unsupported("autograd.grad", True)
+        return originals[2](*args, **kwargs)
 
     mx.autograd.backward = backward
     mx.nd.NDArray.backward = array_backward
+    mx.autograd.grad = grad
+
+
+def _refuse_unsupported(what: str, asked: Any) -> None:
+    """A PlanError, before anything runs, for what a pending planned call cannot take part
+    in: autograd.grad (the Parameters are off the tape, and nothing would wait for the
+    calls' callbacks: measured, the engine stalls) and a backward that keeps the graph for
+    another (a second backward would run the executors again on state already used)."""
+    if not asked:
+        return
+    with _chain_lock:
+        pending = any(not call.written and not call.ran.is_set()
+                      for chains in list(_chains.values()) for chain in chains.values()
+                      for call in chain.calls)
+    if pending:
+        raise PlanError(f"{what} is not supported through a planned Gluon call (PlannedBlock, "
+                        f"or mxmirror run / enabled()); call backward() once per record(), "
+                        f"or run the block unplanned (policy none) for this computation")
 
 
 def _check_input_uses(heads: Any) -> None:
@@ -448,21 +510,24 @@ def _write_param_grads() -> None:
                         continue
                     call.wait()
                     bound = call.bound
-                    for (_, p), grad in zip(bound.trained, bound.param_grads
-                                            if call.outputs_reached else []):
+                    for (name, p), grad in zip(bound.trained, bound.param_grads
+                                               if call.outputs_reached else []):
                         data = p.data(bound.ctx)
-                        terms.setdefault(id(data), (p, bound.ctx, []))[2].append(grad)
+                        entry = terms.setdefault(id(data), (p, bound.ctx, []))
+                        if name not in bound.direct:  # else the executor added it
+                            entry[2].append(grad)
                     bound.probe._fresh_grad = False
                     call.ran.clear()  # a backward(retain_graph=True) may run it again
                     call.written = True
         with mx.autograd.pause():  # backward() may be called inside record()
             for p, ctx, grads in terms.values():
-                total = grads[0] if len(grads) == 1 else mx.nd.add_n(*grads)
                 data, dst = p.data(ctx), p.grad(ctx)
-                if data._fresh_grad or p.grad_req == "add":
-                    dst[:] += total
-                else:
-                    dst[:] = total
+                if grads:
+                    total = grads[0] if len(grads) == 1 else mx.nd.add_n(*grads)
+                    if data._fresh_grad or p.grad_req == "add":
+                        dst[:] += total
+                    else:
+                        dst[:] = total
                 data._fresh_grad = True
         for block, chains in list(_chains.items()):
             for ctx, chain in chains.items():
@@ -496,6 +561,8 @@ def _refuse_mixed_calls(block: Any, inputs: tuple, inside: bool = False) -> None
     mx = _mx()
     if (getattr(_calling, "inside", False) and not inside) or not mx.autograd.is_recording():
         return
+    if not mx.autograd.is_training():
+        return  # record(train_mode=False), a validation pass: BatchNorm updates nothing
     arrays = [x for x in inputs if isinstance(x, mx.nd.NDArray)]
     if not arrays or len(arrays) < len(inputs):
         return  # a graph being traced, or inputs a planned call would refuse anyway

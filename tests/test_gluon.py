@@ -318,6 +318,8 @@ def test_mkldnn_off_bit_identical():
         plain = t.train(t.resnet)
         for policy in t.MIRROR_POLICIES:
             t.assert_same(t.train(t.resnet, policy), plain)
+        # grad_req 'add': the non-MKL-DNN Convolution adds its batch chunks one by one
+        t.test_grad_req_add_accumulates_like_plain()
         ref = t.train(t.dropout_net, "none", seed=3)
         t.assert_same(t.train(t.dropout_net, "sqrt", seed=3), ref)
         print("ok")
