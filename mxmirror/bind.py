@@ -105,7 +105,7 @@ def _plan_for(symbol, policy, budget, grad_req, type_dict, shapes, ctx=None,
             _failed[key] = why
         warnings.warn(f"mxmirror: planning failed, binding unplanned: {why}", stacklevel=3)
         return None
-    log.info("; ".join([p.summary(), *p.notes]))
+    log.info("; ".join([p.summary(), *(p.notes if p.recomputed_ids else [])]))  # else in it
     _plans[key] = p if p.recomputed_ids else None
     return _plans[key]
 

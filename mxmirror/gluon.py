@@ -587,7 +587,8 @@ def _bind_planned(owner: PlannedBlock, symbol: Any, ctx: Any, args: dict, grads:
         return None, order_aux_updates(unhooked("bind")(symbol, ctx, **kw))
     p = plan(symbol, policy=owner.policy, budget=owner.budget, type_dict=types,
              grad_req=reqs, **shapes)
-    log.info("; ".join([f"{where} " + p.summary().replace("mxmirror: ", ""), *p.notes]))
+    notes = p.notes if p.recomputed_ids else []  # else the summary says them
+    log.info("; ".join([f"{where} " + p.summary().replace("mxmirror: ", ""), *notes]))
     return p, p.bind(ctx, symbol=symbol, **kw)
 
 
