@@ -432,13 +432,23 @@ def _refuse_unsupported(what: str, asked: Any) -> None:
     if not asked:
         return
     with _chain_lock:
-        pending = any(not call.written and not call.ran.is_set()
-                      for chains in list(_chains.values()) for chain in chains.values()
-                      for call in chain.calls)
+        pending = any(not call.written and not call.ran.is_set() for call in _all_calls())
     if pending:
         raise PlanError(f"{what} is not supported through a planned Gluon call (PlannedBlock, "
                         f"or mxmirror run / enabled()); call backward() once per record(), "
                         f"or run the block unplanned (policy none) for this computation")
+
+
+def _all_calls() -> list:
+    """Every recorded planned call, of every block and context (under _chain_lock)."""
+    return [call for chains in list(_chains.values()) for chain in chains.values()
+            for call in chain.calls]
+
+
+def _trained_variable(node: dict) -> bool:
+    """A variable of autograd's recorded graph (JSON) that gets a gradient: autograd names
+    those var<N>, other arrays null<N>."""
+    return node["op"] == "null" and not node["name"].startswith("null")
 
 
 def _check_input_uses(heads: Any) -> None:
@@ -451,9 +461,7 @@ def _check_input_uses(heads: Any) -> None:
 
     mx = _mx()
     with _chain_lock:
-        if not any(call.bound.wants_input_grads and not call.written
-                   for chains in list(_chains.values()) for chain in chains.values()
-                   for call in chain.calls):
+        if not any(call.bound.wants_input_grads and not call.written for call in _all_calls()):
             return  # the usual case: no planned call was given an input with a gradient
     heads = heads if isinstance(heads, (list, tuple)) else [heads]
     try:
@@ -461,9 +469,9 @@ def _check_input_uses(heads: Any) -> None:
     except mx.base.MXNetError:
         return  # a head not on the tape: autograd's own backward() says so
     nodes = graph["nodes"]
-    wanted = []  # the node's outputs need a gradient (var<N>: a variable autograd computes)
+    wanted = []  # the node's outputs need a gradient
     for n in nodes:
-        wanted.append(not n["name"].startswith("null") if n["op"] == "null"
+        wanted.append(_trained_variable(n) if n["op"] == "null"
                       else any(wanted[i] for i, _, _ in n["inputs"]))
     uses: dict[tuple, int] = {}
     for n in nodes:
@@ -477,10 +485,8 @@ def _check_input_uses(heads: Any) -> None:
         for i, out, _ in n["inputs"]:
             if wanted[i] and uses[i, out] > 1:
                 with _chain_lock:  # the refused graph's calls: never backward()ed now
-                    for chains in list(_chains.values()):
-                        for chain in chains.values():
-                            for call in chain.calls:
-                                call.ran.set()
+                    for call in _all_calls():
+                        call.ran.set()
                 raise PlanError(
                     "an input of a planned call needs its gradient and is also used by "
                     "another recorded operator or call: autograd would sum its gradients "
@@ -617,15 +623,14 @@ def _check_fed_by_planned(inputs: tuple) -> None:
     work and deadlocks MXNet 1.9.1's engine (module docstring)."""
     import json
 
-    mx = _mx()
     for i, x in enumerate(inputs):
-        if _input_req(x) == "null" or x._fresh_grad:
+        history = None if x._fresh_grad else _history(x)
+        if history is None:
             continue  # no history; or a planned call's output (run() marks them), whose
             # inputs were checked at that call; or a variable a backward() has reached
-        nodes = json.loads(mx.autograd.get_symbol(x).tojson())["nodes"]
+        nodes = json.loads(history.tojson())["nodes"]
         ops = sorted({n["op"] for n in nodes} - {"null", "_CustomFunction"})
-        # autograd names the variables it computes gradients for var<N>, other arrays null<N>
-        wanted = any(n["op"] == "null" and not n["name"].startswith("null") for n in nodes)
+        wanted = any(_trained_variable(n) for n in nodes)
         if ops and wanted:
             raise PlanError(f"input {i} is computed by unplanned operators that need its "
                             f"gradient ({', '.join(ops[:5])}); MXNet 1.9.1 can deadlock "
@@ -645,12 +650,16 @@ def _dtype(dtype: Any) -> str:
 
 def _input_req(x: Any) -> str:
     """'write' when x is on autograd's tape (attached or computed while recording)."""
+    return "null" if _history(x) is None else "write"
+
+
+def _history(x: Any) -> Any:
+    """autograd's recorded graph of x (a Symbol), or None when x is not on the tape."""
     mx = _mx()
     try:
-        mx.autograd.get_symbol(x)
+        return mx.autograd.get_symbol(x)
     except mx.base.MXNetError:
-        return "null"
-    return "write"
+        return None
 
 
 def _flatten(out: Any) -> tuple[list, Any]:
