@@ -1,9 +1,9 @@
 """mxmirror: sublinear-memory training plans for MXNet 1.9.1 symbolic executors."""
 
-from .api import plan
-from .bind import disable, enable, enable_from_env, enabled, simple_bind
-from .errors import PlanError
-from .plan import Plan
+from mxmirror.api import plan
+from mxmirror.errors import PlanError
+from mxmirror.frontends.hook import disable, enable, enable_from_env, enabled, simple_bind
+from mxmirror.runtime.plan import Plan
 
 __all__ = ["Plan", "PlanError", "disable", "enable", "enabled", "plan", "simple_bind"]
 __version__ = "0.1.0"

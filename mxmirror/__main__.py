@@ -1,5 +1,5 @@
 """python -m mxmirror"""
 
-from .cli import main
+from mxmirror.frontends.cli import main
 
 raise SystemExit(main())

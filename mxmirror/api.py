@@ -1,16 +1,29 @@
-"""The public entry point: plan a symbol by policy."""
+"""The public entry point: plan a symbol by policy.
+
+``prepare`` reads a symbol once (the MXNet side: Symbol -> Graph with its templates) and
+analyses it; ``Prepared.plan`` runs a policy (planning: a Decision, read from the plan
+cache where one is kept) and makes the Plan a user binds.
+"""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import mxnet_adapter
-from .analysis import Analysis
-from .device_memory import auto_budget
-from .errors import PlanError
-from .plan import BindInputs, Plan, strip_json
-from .planners import make_plan, own_plan, parse_budget, resolve
+from mxmirror.adapter.free_memory import auto_budget
+from mxmirror.adapter.learn import learned_by
+from mxmirror.adapter.reader import load_graph
+from mxmirror.adapter.symbol import load_symbol
+from mxmirror.errors import PlanError
+from mxmirror.ir.graph import BindInputs, module_default, normalize_grad_req
+from mxmirror.ir.symbol_json import strip_json
+from mxmirror.planning import cache
+from mxmirror.planning.analysis import Analysis
+from mxmirror.planning.decide import decide
+from mxmirror.planning.registry import BUDGETED, parse_budget, resolve
+from mxmirror.progress import scoring_bar
+from mxmirror.runtime.plan import Plan
 
 __all__ = ["Prepared", "parse_budget", "plan", "prepare"]
 
@@ -24,17 +37,36 @@ class Prepared:
     inputs: BindInputs
 
     def plan(self, policy: str = "sqrt", budget: Any = None, ctx: Any = None) -> Plan:
-        """``ctx``: for policy ``auto`` without a budget, the device whose free memory is
-        the budget (default: the CPU's available memory)."""
+        """A Plan never worse than no plan, and segmented only where that is below the best
+        one-recompute plan for the same budget too. ``ctx``: for policy ``auto`` without a
+        budget, the device whose free memory is the budget (default: the CPU's available
+        memory)."""
         source = None
         if resolve(policy, budget) == ("auto", None):
             budget, source = auto_budget(self.analysis.graph, ctx)
-        return make_plan(self.analysis, policy, budget, self.source_json, self.inputs,
-                         budget_source=source)
+        return self._plan(policy, budget, never_worse=True, budget_source=source)
 
     def own_plan(self, policy: str = "sqrt", budget: Any = None) -> Plan:
-        """The policy's own plan, segmented even where one recomputation is smaller."""
-        return own_plan(self.analysis, policy, budget, self.source_json, self.inputs)
+        """The policy's own plan, segmented even where one recomputation is smaller (for
+        studies of the segmented executor: its tests and benchmarks)."""
+        return self._plan(policy, budget, never_worse=False)
+
+    def _plan(self, policy: str, budget: Any, never_worse: bool,
+              budget_source: str | None = None) -> Plan:
+        name, budget_bytes = resolve(policy, budget)
+        start = time.perf_counter()
+        key = cache.plan_key(name, budget_bytes, self.source_json, self.inputs, never_worse,
+                             learned_by())
+        decision = cache.load(key, self.analysis)
+        if decision is None:
+            with scoring_bar(self.analysis, f"mxmirror: planning ({name})"):
+                decision = decide(self.analysis, name, budget_bytes, never_worse)
+            cache.save(key, decision)
+        label = None
+        if budget_bytes is not None and name in BUDGETED:
+            label = f"{budget_bytes / 2**20:.0f} MB ({budget_source or 'given'})"
+        return Plan.of(name, self.analysis, decision, self.inputs, self.source_json,
+                       time.perf_counter() - start, label)
 
 
 def plan(symbol: Any, policy: str = "sqrt", budget: Any = None,
@@ -58,13 +90,13 @@ def prepare(symbol: Any, type_dict: dict[str, str] | None = None, grad_req: Any 
     """The analysed graph and the unplanned symbol JSON, to plan several policies on."""
     if not shapes:
         raise PlanError("give the input shapes, e.g. plan(sym, data=(32, 3, 224, 224))")
-    sym = mxnet_adapter.load_symbol(symbol)
-    req = mxnet_adapter.normalize_grad_req(sym, shapes, grad_req)
+    sym = load_symbol(symbol)
+    req = normalize_grad_req(sym.list_arguments(), grad_req, module_default(shapes))
     if all(r == "null" for r in req.values()):  # before any template is learned
         raise PlanError("nothing is trained: no argument gets a gradient, so there is no "
                         "backward pass to plan")
     source = strip_json(sym.tojson())
-    graph = mxnet_adapter.load_graph(source, shapes, type_dict=type_dict, grad_req=grad_req)
+    graph = load_graph(source, shapes, type_dict=type_dict, grad_req=grad_req)
     inputs = BindInputs({k: tuple(v) for k, v in shapes.items()},
                         dict(type_dict) if type_dict else None, req)
     return Prepared(Analysis(graph), source, inputs)

@@ -5,15 +5,15 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
-
-from .analysis import Analysis
+from typing import Any
 
 DELAY = 3.0  # seconds before the bar shows: quick plans print nothing
 
 
 @contextlib.contextmanager
-def scoring_bar(analysis: Analysis, desc: str) -> Iterator[None]:
-    """Count the plans `analysis` simulates meanwhile, on stderr if it is a terminal."""
+def scoring_bar(analysis: Any, desc: str) -> Iterator[None]:
+    """Count the plans `analysis` (a planning Analysis: its ``on_score`` hook) simulates
+    meanwhile, on stderr if it is a terminal."""
     if not sys.stderr.isatty():
         yield
         return

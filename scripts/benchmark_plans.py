@@ -53,10 +53,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "scripts"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+from _bootstrap import ROOT
+
+from mxmirror.adapter.children import allocated_mb, child_env
+from mxmirror.adapter.figure import mxnet_mb
+from mxmirror.adapter.reader import load_graph
 
 GRAD_REQ = "write"
 MIRROR_ENV = {"MXNET_BACKWARD_DO_MIRROR": "1"}
@@ -140,11 +141,9 @@ def shapes_of(c: Config) -> dict[str, tuple]:
 # ------------------------------------------------------------------ children
 def run_child(job: dict) -> dict:
     """Run one job of ``_child_main`` in a fresh interpreter; its JSON answer."""
-    env = dict(os.environ)
-    env.pop("MXNET_BACKWARD_DO_MIRROR", None)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--_child"],
-                          input=json.dumps(job), capture_output=True, text=True, env=env)
+                          input=json.dumps(job), capture_output=True, text=True,
+                          env=child_env())
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
@@ -223,10 +222,7 @@ def _bind(mx, sym_json: str, shapes: dict, env: dict, grad_req=None, fill: bool 
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    total = None
-    for ln in ex.debug_str().splitlines():
-        if ln.startswith("Total") and "MB allocated" in ln:
-            total = int(ln.split()[1])
+    total = allocated_mb(ex)[0]
     if not fill:
         del ex
         return None, total
@@ -298,11 +294,10 @@ def _child_rss(job: dict) -> dict:
 # ------------------------------------------------------------------ predictions
 def predict(sym_json: str, shapes: dict, do_mirror: bool = False):
     """mxmirror's simulated MB and recompute ratio for a symbol's own mirror attributes."""
-    from mxmirror import mxnet_adapter as A
-    from mxmirror import training_graph
-    from mxmirror.analysis import Analysis
+    from mxmirror.planning.analysis import Analysis
+    from mxmirror.sim import training_graph
 
-    graph = A.load_graph(sym_json, shapes, grad_req=GRAD_REQ)
+    graph = load_graph(sym_json, shapes, grad_req=GRAD_REQ)
     mirror = training_graph.mirror_from_attrs(graph)
     if do_mirror:
         mirror |= training_graph.do_mirror_set(graph)
@@ -330,7 +325,6 @@ class Row:
 
 def bench_network(c: Config, args, bar) -> tuple[list[Row], dict]:
     import mxmirror
-    from mxmirror import mxnet_adapter as A
     from mxmirror.errors import PlanError
 
     info: dict[str, Any] = {"start": time.perf_counter()}
@@ -409,7 +403,7 @@ def bench_network(c: Config, args, bar) -> tuple[list[Row], dict]:
     else:
         for r in todo:
             step(f"bind {r.label}")
-            r.mxnet_mb = A.mxnet_mb(r.json, shapes, grad_req=GRAD_REQ, env=r.env or None)
+            r.mxnet_mb = mxnet_mb(r.json, shapes, grad_req=GRAD_REQ, env=r.env or None)
     # step time and RSS (small configs only)
     if c.steppable and not args.no_step:
         variants = [r for r in rows if r.json is not None and "budget" not in r.label]

@@ -26,14 +26,14 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import _bootstrap  # noqa: F401 (this checkout importable)
 import mxnet as mx
 import numpy as np
+from provenance import generated_by
 
 import mxmirror
-from mxmirror import aux_order, executor
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import generated_by  # noqa: E402
+from mxmirror.runtime import aux_order
+from mxmirror.runtime.segmented import executor
 
 
 def network(layers: int, filters: int, classes: int = 10) -> mx.sym.Symbol:

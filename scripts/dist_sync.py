@@ -29,13 +29,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-HERE = Path(__file__).resolve()
-ROOT = HERE.parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE.parent))
-from provenance import generated_by  # noqa: E402
+from _bootstrap import ROOT
+from provenance import generated_by
 
 STEPS = 4
 GLOBAL_BATCH = 32
@@ -151,7 +146,7 @@ def run_cluster(out: Path, policy: str) -> list[subprocess.CompletedProcess | st
     try:
         for role in ("scheduler", "server", "worker", "worker"):
             cmd = ([sys.executable, "-c", "import mxnet"] if role != "worker"
-                   else [sys.executable, str(HERE), "worker", str(out), policy])
+                   else [sys.executable, str(Path(__file__).resolve()), "worker", str(out), policy])
             log = open(out.parent / f"{role}{len(procs)}.log", "w+")
             logs.append(log)
             procs.append(subprocess.Popen(cmd, env=_cluster_env(role, port), cwd=ROOT,

@@ -35,7 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _bootstrap import ROOT
+
 MB = 2**20
 POLICIES = ("none", "sqrt", "recursive", "multilevel")
 LSTM = {"seq_len": 32, "num_layers": 4, "num_hidden": 256, "num_embed": 256,

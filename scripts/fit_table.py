@@ -26,8 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import _bootstrap  # noqa: F401 (this checkout importable)
 
 NETWORKS = ("resnet50", "resnet1001", "lstm")
 
@@ -50,7 +49,7 @@ def _child() -> None:
     """Bind one planned symbol; print MXNet's planned MB and the bytes of its arrays."""
     import mxnet as mx
 
-    from mxmirror.child import allocated_mb
+    from mxmirror.adapter.children import allocated_mb
 
     job = json.loads(sys.stdin.read())
     sym = mx.sym.load_json(job["symbol"])
@@ -83,8 +82,8 @@ def measured_total_mb(prep, policy: str, budget: int | None) -> float:
 
 
 def _budget(search, policy: str, k: int, memory: int) -> int | None:
-    from mxmirror import fitting
-    from mxmirror.device_memory import resident_bytes
+    from mxmirror.ir.graph import resident_bytes
+    from mxmirror.tools import fitting
 
     if policy not in fitting.BUDGETED:
         return None
@@ -94,8 +93,8 @@ def _budget(search, policy: str, k: int, memory: int) -> int | None:
 def network_rows(net: str, policies: tuple[str, ...], memories: list[str],
                  skip: list[str]) -> list[str]:
     """The table's rows for one network, by memory size, then policy."""
-    from mxmirror import fitting
     from mxmirror.api import parse_budget
+    from mxmirror.tools import fitting
 
     title, sym, template = _network(net)
     search = fitting.batch_search(sym, template)
@@ -156,7 +155,7 @@ def main() -> int:
     ap.add_argument("--rows-of", choices=NETWORKS, help=argparse.SUPPRESS)  # a child's job
     args = ap.parse_args()
     if args.rows_of:
-        from mxmirror import fitting
+        from mxmirror.tools import fitting
 
         print(json.dumps(network_rows(args.rows_of, tuple(args.policies or fitting.POLICIES),
                                       args.memory, args.skip)))
@@ -164,7 +163,7 @@ def main() -> int:
 
     from provenance import generated_by
 
-    from mxmirror import fitting
+    from mxmirror.tools import fitting
 
     policies = tuple(args.policies or fitting.POLICIES)
     fitting.check_policies(policies)

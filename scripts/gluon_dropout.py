@@ -18,15 +18,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import mxnet as mx
+import numpy as np
+from _bootstrap import ROOT
+from mxnet import autograd, gluon
 
-import mxnet as mx  # noqa: E402
-import numpy as np  # noqa: E402
-from mxnet import autograd, gluon  # noqa: E402
-
-from mxmirror.gluon import PlannedBlock  # noqa: E402
+from mxmirror.gluon import PlannedBlock
 
 START, END = "<!-- gluon_dropout: start -->", "<!-- gluon_dropout: end -->"
 

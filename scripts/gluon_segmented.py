@@ -21,9 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from _bootstrap import ROOT
 
 MODES = ["plain", "sqrt", "recursive"]
 START, END = "<!-- gluon_segmented: start -->", "<!-- gluon_segmented: end -->"
@@ -34,9 +32,9 @@ def child(mode: str, blocks: int, batch: int, steps: int) -> None:
     import mxnet as mx
     from gluon_table import timed_steps
 
-    from mxmirror.child import allocated_mb
-    from mxmirror.executor import SegmentedExecutor
-    from mxmirror.measure import allocated_bytes
+    from mxmirror.adapter.children import allocated_mb
+    from mxmirror.runtime.segmented.executor import SegmentedExecutor
+    from mxmirror.runtime.segmented.measure import allocated_bytes
     from symbols.gluon_chain import ConvChain
 
     mx.random.seed(0)

@@ -29,9 +29,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from _bootstrap import ROOT
+
+from mxmirror.adapter.figure import mxnet_mb_many
 
 NETWORKS = ["resnet50_v1", "resnet101_v1", "resnet152_v1", "resnet50_v2", "resnet101_v2",
             "resnet152_v2", "densenet121", "densenet201", "mobilenetv2_1.0", "inceptionv3"]
@@ -54,8 +54,7 @@ def memory_rows(networks: list[str], policies: list[str], batch: int) -> list[st
     import numpy as np
 
     import mxmirror
-    from mxmirror import mxnet_adapter
-    from mxmirror.plan import strip_json
+    from mxmirror.ir.symbol_json import strip_json
 
     head = ("| network | params MB | unplanned: predicted / MXNet MB | "
             + " | ".join(f"{p}: predicted / MXNet MB (x unplanned), recompute" for p in policies)
@@ -73,7 +72,7 @@ def memory_rows(networks: list[str], policies: list[str], batch: int) -> list[st
         req = {n: ("null" if n == "data" else "write") for n in sym.list_arguments()}
         plans = {p: mxmirror.plan(sym, p, grad_req=req, data=shape) for p in policies}
         jobs = [strip_json(sym.tojson())] + [plans[p].symbol.tojson() for p in policies]
-        figures = mxnet_adapter.mxnet_mb_many([
+        figures = mxnet_mb_many([
             {"symbol": js, "shapes": {"data": list(shape)}, "type_dict": None, "grad_req": req}
             for js in jobs])
         base = figures[0]

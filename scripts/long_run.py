@@ -19,13 +19,12 @@ import sys
 import time
 from pathlib import Path
 
+import _bootstrap  # noqa: F401 (this checkout importable)
 import mxnet as mx
 import numpy as np
+from provenance import generated_by
 
 import mxmirror
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import generated_by  # noqa: E402
 
 
 def network(blocks: int = 6, hidden: int = 256, classes: int = 10) -> mx.sym.Symbol:

@@ -25,7 +25,7 @@ from typing import Any
 
 import mxnet as mx
 
-from mxmirror.child import allocated_mb
+from mxmirror.adapter.children import allocated_mb
 
 ENV = "MEMONGER_DIR"
 CACHE_DIR = Path.home() / ".cache" / "mxmirror" / "memonger"

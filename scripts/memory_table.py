@@ -25,19 +25,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "scripts"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+import mxnet as mx
+from _bootstrap import ROOT
+from provenance import generated_by
 
-import mxnet as mx  # noqa: E402
-from provenance import generated_by  # noqa: E402
-
-from mxmirror import memory, training_graph  # noqa: E402
-from mxmirror import mxnet_adapter as A  # noqa: E402
-from mxmirror.plan import annotate_json  # noqa: E402
-from symbols.lstm import input_shapes, paper_lstm  # noqa: E402
-from symbols.resnet import resnet  # noqa: E402
+from mxmirror.adapter.figure import mxnet_mb
+from mxmirror.adapter.reader import load_graph
+from mxmirror.ir.symbol_json import annotate_json
+from mxmirror.sim import memory_plan, training_graph
+from symbols.lstm import input_shapes, paper_lstm
+from symbols.resnet import resnet
 
 IMAGENET_UNITS = {50: [3, 4, 6, 3], 152: [3, 8, 36, 3], 200: [3, 24, 36, 3],
                   1001: [3, 120, 207, 3]}
@@ -150,13 +147,13 @@ def measure(row: Row, pool: ThreadPoolExecutor) -> dict:
     ids = mirror_set(js, row.every_other)
     bind_json = annotate_json(js, ids)
     # MXNet's binds run in child processes while this process simulates
-    sharing = pool.submit(A.mxnet_mb, bind_json, shapes)
-    inplace = pool.submit(A.mxnet_mb, bind_json, shapes, env={"NNVM_EXEC_MATCH_RANGE": "0"})
-    g = A.load_graph(sym, shapes)
+    sharing = pool.submit(mxnet_mb, bind_json, shapes)
+    inplace = pool.submit(mxnet_mb, bind_json, shapes, env={"NNVM_EXEC_MATCH_RANGE": "0"})
+    g = load_graph(sym, shapes)
     mx_sharing, mx_inplace = sharing.result(), inplace.result()
     start = time.perf_counter()  # timed with the binds done: no other work on the cores
     tg = training_graph.build(g, ids)
-    sim = {s: memory.simulate(tg, s).mb for s in memory.STRATEGIES}
+    sim = {s: memory_plan.simulate(tg, s).mb for s in memory_plan.STRATEGIES}
     seconds = time.perf_counter() - start
     return {"sim": sim, "mx_sharing": mx_sharing, "mx_inplace": mx_inplace,
             "seconds": seconds, "mirrored": len(ids)}
@@ -208,7 +205,7 @@ LeakyReLU like the paper's memonger example; "every other unit mirrored" sets
 `__force_mirroring__` on every op of the 2nd, 4th, ... residual unit.
 Gradients: none for the inputs given shapes (data, labels, begin states),
 'write' for every other argument (Module's rule).
-*build+simulate s*: `training_graph.build` + the three `memory.simulate` calls.
+*build+simulate s*: `training_graph.build` + the three `memory_plan.simulate` calls.
 
 {text}
 """

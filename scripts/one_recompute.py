@@ -24,16 +24,13 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import subprocess
 import sys
 import time
 from contextlib import redirect_stdout
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
+from _bootstrap import ROOT
 
 MB = 2**20
 TARGET = 0.75
@@ -86,8 +83,11 @@ def memonger_mb(name: str, quick: bool) -> dict:
 
 def store_all_plans(a):
     """(label, plan) of the store-all schedule over every chain considered."""
-    from mxmirror.planners import dp, search
-    from mxmirror.segments import build_segments, make_segment_plan, store_all_tree
+    from mxmirror.planning import dp
+    from mxmirror.planning.strategies import search
+    from mxmirror.segments.cost import make_segment_plan
+    from mxmirror.segments.cuts import build_segments
+    from mxmirror.segments.schedule import store_all_tree
 
     out = []
     for sp in dp.chains(a):
@@ -95,7 +95,7 @@ def store_all_plans(a):
         out.append((f"DP chain, {sg.m} segments", make_segment_plan(
             a.graph, sg.cuts, store_all_tree(sg.m), sg=sg,
             mem=(sp.template_bytes, sp.template_blocks))))
-    for _, bound, cuts in search.front(a):
+    for _, bound, cuts in search.checkpoint_front(a):
         sg = build_segments(a.graph, [c.pos for c in cuts])
         if sg.m >= 2:
             out.append((f"search front cuts (segment bound {bound / MB:.0f} MB), {sg.m} "
@@ -111,7 +111,7 @@ def slot_split(sp) -> dict[str, float]:
     statistics the pool's owner holds (segments.statistics_bytes)."""
     from math import prod
 
-    from mxmirror.segments import _itemsize
+    from mxmirror.ir.graph import itemsize
 
     sg = sp.segments
     shared: dict[str, tuple[str, int]] = {}
@@ -122,7 +122,7 @@ def slot_split(sp) -> dict[str, float]:
         for name, key in seg.slots:
             if key[0] == "aux":
                 continue
-            b = prod(shapes[name]) * _itemsize(types[name])
+            b = prod(shapes[name]) * itemsize(types[name])
             if key[0] == "arg":
                 copies += b if seg.key not in seen and (seg.key, name) not in sg.user_slots \
                     else 0
@@ -142,8 +142,8 @@ def slot_split(sp) -> dict[str, float]:
 
 def run(name: str, title: str, quick: bool) -> dict:
     from mxmirror.api import prepare
-    from mxmirror.measure import measure
-    from mxmirror.planners import dp
+    from mxmirror.planning import dp
+    from mxmirror.runtime.segmented.measure import measure
 
     sym, shapes = network(name, quick)
     prep = prepare(sym, **shapes)

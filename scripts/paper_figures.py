@@ -48,24 +48,21 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "scripts"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
-
-import matplotlib  # noqa: E402
+import matplotlib
+from _bootstrap import ROOT
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import mxnet as mx  # noqa: E402
-import numpy as np  # noqa: E402
-from provenance import command, commit, generated_by  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+import matplotlib.pyplot as plt
+import mxnet as mx
+import numpy as np
+from provenance import command, commit, generated_by
+from tqdm import tqdm
 
-from mxmirror import api, memory, training_graph  # noqa: E402
-from mxmirror import mxnet_adapter as A  # noqa: E402
-from symbols.lstm import input_shapes, paper_lstm  # noqa: E402
-from symbols.resnet import resnet, resnet_by_depth, units_for_depth  # noqa: E402
+from mxmirror import api
+from mxmirror.adapter.figure import mxnet_mb
+from mxmirror.sim import memory_plan, training_graph
+from symbols.lstm import input_shapes, paper_lstm
+from symbols.resnet import resnet, resnet_by_depth, units_for_depth
 
 MB = 2**20
 STRATEGIES = ("none", "inplace", "sharing")
@@ -116,7 +113,7 @@ def memory_row(sym: mx.sym.Symbol, shapes: dict, with_optimal: bool, label: dict
     row["nodes"] = len(graph.op_nodes)
     tg = training_graph.build(graph, set())
     for s in STRATEGIES:
-        row[s] = memory.simulate(tg, s).total_bytes / MB
+        row[s] = memory_plan.simulate(tg, s).total_bytes / MB
     sqrt_symbol = None
     for pol in POLICIES:
         if pol == "optimal" and not with_optimal:
@@ -134,8 +131,8 @@ def memory_row(sym: mx.sym.Symbol, shapes: dict, with_optimal: bool, label: dict
     row["seconds"] = time.perf_counter() - t0
     if binds is not None:
         row["_mxnet"] = {
-            "sharing": binds.submit(A.mxnet_mb, sym.tojson(), shapes),
-            "sqrt": binds.submit(A.mxnet_mb, sqrt_symbol.tojson(), shapes),
+            "sharing": binds.submit(mxnet_mb, sym.tojson(), shapes),
+            "sqrt": binds.submit(mxnet_mb, sqrt_symbol.tojson(), shapes),
         }
     return row
 

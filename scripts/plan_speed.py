@@ -44,7 +44,7 @@ sys.path.insert(0, {root!r})
 from pathlib import Path
 import mxmirror.api
 try:  # checkouts with a plan cache: an empty folder of this child
-    from mxmirror.planners import cache
+    from mxmirror.planning import cache
     folder = Path(tempfile.mkdtemp())
     cache.plans_dir = lambda: folder
 except ImportError:

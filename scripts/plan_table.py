@@ -28,9 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import _bootstrap  # noqa: F401 (this checkout importable)
 
 POLICIES = ("none", "cheap", "sqrt", "budget", "auto", "search", "recursive", "multilevel")
 RENAMED = {"optimal": "search"}  # rows of runs before the rename compare under the new name
@@ -153,7 +151,7 @@ def main() -> None:
     args = ap.parse_args()
     from provenance import generated_by
 
-    from mxmirror.planners import cache
+    from mxmirror.planning import cache
 
     plans = Path(tempfile.mkdtemp(prefix="mxmirror-plans-"))
     cache.plans_dir = lambda: plans  # cold: an empty plan cache of this run only

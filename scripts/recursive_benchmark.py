@@ -34,9 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
+from _bootstrap import ROOT
 
 MB = 2**20
 
@@ -299,8 +297,8 @@ def cmd_steps(args) -> None:
 
 
 def tradeoff(name: str, prep, max_segments: int) -> dict:
-    from mxmirror.planners import dp as multilevel_dp
-    from mxmirror.planners.common import candidates, segment_mirror
+    from mxmirror.planning import dp as multilevel_dp
+    from mxmirror.planning.algorithm3 import candidates, segment_mirror
 
     a = prep.analysis
     t = time.perf_counter()

@@ -30,22 +30,18 @@ import argparse
 import json
 import logging
 import resource
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import _bootstrap  # noqa: F401 (this checkout importable)
+import mxnet as mx
+import numpy as np
+from tqdm import tqdm
 
-import mxnet as mx  # noqa: E402
-import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-import mxmirror  # noqa: E402
-from mxmirror.child import allocated_mb  # noqa: E402
-from mxmirror.planners import POLICIES  # noqa: E402
-from symbols.resnet import resnet_by_depth  # noqa: E402
+import mxmirror
+from mxmirror.adapter.children import allocated_mb
+from mxmirror.planning.registry import POLICIES
+from symbols.resnet import resnet_by_depth
 
 
 def peak_rss_mb() -> float:

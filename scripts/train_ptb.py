@@ -38,25 +38,21 @@ import json
 import logging
 import math
 import resource
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import _bootstrap  # noqa: F401 (this checkout importable)
+import mxnet as mx
+import numpy as np
+from tqdm import tqdm
 
-import mxnet as mx  # noqa: E402
-import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-import mxmirror  # noqa: E402
-from mxmirror import memory, training_graph  # noqa: E402
-from mxmirror.child import allocated_mb  # noqa: E402
-from mxmirror.plan import annotate_json  # noqa: E402
-from mxmirror.planners import POLICIES  # noqa: E402
-from symbols.lstm import ptb_lm  # noqa: E402
+import mxmirror
+from mxmirror.adapter.children import allocated_mb
+from mxmirror.ir.symbol_json import annotate_json
+from mxmirror.planning.registry import POLICIES
+from mxmirror.sim import memory_plan, training_graph
+from symbols.lstm import ptb_lm
 
 PAD, PAD_ID, EOS, UNK = "<pad>", 0, "<eos>", "<unk>"
 
@@ -167,7 +163,7 @@ def plan_symbol(sym: mx.sym.Symbol, policy: str, budget, shape: tuple) -> Planne
     ids = {i for i in p.recomputed_ids if ops.get(i) not in KEEP_OPS}
     planned = p.planned_bytes
     if ids != p.recomputed_ids:
-        planned = memory.simulate(training_graph.build(p.graph, ids), "sharing").total_bytes
+        planned = memory_plan.simulate(training_graph.build(p.graph, ids), "sharing").total_bytes
     return Planned(p.policy, mx.sym.load_json(annotate_json(p.source_json, ids)), ids,
                    planned / 2**20, p.baseline_mb)
 

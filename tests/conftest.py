@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from mxmirror.planning.cache import cache_path
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -24,11 +26,10 @@ def pytest_configure(config) -> None:
 def _plans_in_session_dir(tmp_path_factory):
     """Plans kept by the tests go to a folder of the test session, not the user's cache
     (templates still come from the user's cache: learning them takes child binds)."""
-    from mxmirror import learn
-    from mxmirror.planners import cache
+    from mxmirror.planning import cache
 
     folder = tmp_path_factory.mktemp("plans")
     saved = cache.plans_dir
-    cache.plans_dir = lambda: None if learn.cache_path() is None else folder
+    cache.plans_dir = lambda: None if cache_path() is None else folder
     yield
     cache.plans_dir = saved

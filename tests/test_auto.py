@@ -4,7 +4,6 @@ aux states and a margin; no recompute where everything fits; an explicit budget 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -15,10 +14,13 @@ import mxnet as mx
 import pytest
 
 import mxmirror
-from mxmirror import device_memory
+from mxmirror.adapter import free_memory
+from mxmirror.adapter.free_memory import MARGIN_FRACTION, MARGIN_MIN_BYTES, free_bytes
 from mxmirror.api import prepare
-from mxmirror.cli import main
+from mxmirror.frontends.cli import main
+from mxmirror.ir.graph import resident_bytes
 from symbols.resnet import resnet_by_depth
+from tests.helpers import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {"data": (8, 3, 32, 32), "softmax_label": (8,)}
@@ -41,16 +43,16 @@ def test_resident_bytes_are_mxnet_arguments_gradients_and_aux(prep) -> None:
                 if prep.inputs.grad_req[n] != "null")
     aux = sum(prod(s) * 4 for s in aux_shapes)
     assert grads < args and aux > 0
-    assert device_memory.resident_bytes(prep.analysis.graph) == (args, grads, aux)
+    assert resident_bytes(prep.analysis.graph) == (args, grads, aux)
 
 
 def _free(monkeypatch, free: int) -> None:
-    monkeypatch.setattr(device_memory, "free_bytes", lambda ctx=None: (free, "test figure"))
+    monkeypatch.setattr(free_memory, "free_bytes", lambda ctx=None: (free, "test figure"))
 
 
 def _auto_budget_for(prep, free: int) -> int:
-    resident = sum(device_memory.resident_bytes(prep.analysis.graph))
-    margin = max(int(free * device_memory.MARGIN_FRACTION), device_memory.MARGIN_MIN_BYTES)
+    resident = sum(resident_bytes(prep.analysis.graph))
+    margin = max(int(free * MARGIN_FRACTION), MARGIN_MIN_BYTES)
     return free - resident - margin
 
 
@@ -65,11 +67,11 @@ def test_auto_recomputes_nothing_when_everything_fits(prep, monkeypatch) -> None
 
 def test_auto_on_little_free_memory_is_the_budget_policy_on_what_is_left(prep,
                                                                          monkeypatch) -> None:
-    resident = sum(device_memory.resident_bytes(prep.analysis.graph))
+    resident = sum(resident_bytes(prep.analysis.graph))
     target = (prep.plan("search").planned_bytes + prep.analysis.baseline.planned_bytes) // 2
     # free memory such that free - resident - margin == target (margin: the fixed minimum)
-    free = target + resident + device_memory.MARGIN_MIN_BYTES
-    assert free * device_memory.MARGIN_FRACTION < device_memory.MARGIN_MIN_BYTES
+    free = target + resident + MARGIN_MIN_BYTES
+    assert free * MARGIN_FRACTION < MARGIN_MIN_BYTES
     _free(monkeypatch, free)
     p = prep.plan("auto")
     same = prep.plan("budget", target)
@@ -89,7 +91,7 @@ def test_an_explicit_budget_overrides_free_memory(prep, monkeypatch) -> None:
     def boom(ctx=None):
         raise AssertionError("free memory read although a budget was given")
 
-    monkeypatch.setattr(device_memory, "free_bytes", boom)
+    monkeypatch.setattr(free_memory, "free_bytes", boom)
     budget = prep.plan("sqrt").planned_bytes
     p = prep.plan("auto", budget)
     assert p.planned_bytes <= budget and p.budget.endswith("(given)")
@@ -97,12 +99,12 @@ def test_an_explicit_budget_overrides_free_memory(prep, monkeypatch) -> None:
 
 def test_gpu_free_memory_comes_from_mxnet(monkeypatch) -> None:
     monkeypatch.setattr(mx.context, "gpu_memory_info", lambda i: ((i + 5) * 2**30, 16 * 2**30))
-    free, source = device_memory.free_bytes(mx.gpu(1))
+    free, source = free_bytes(mx.gpu(1))
     assert free == 6 * 2**30 and "gpu(1)" in source
 
 
 def test_cpu_free_memory_is_available_memory() -> None:
-    free, source = device_memory.free_bytes(mx.cpu())
+    free, source = free_bytes(mx.cpu())
     assert free > 0
     if Path("/proc/meminfo").exists():
         text = Path("/proc/meminfo").read_text()
@@ -119,13 +121,6 @@ def test_cli_plan_auto_reports_its_budget(tmp_path: Path, capsys) -> None:
     assert out["policy"] == "auto" and "auto:" in out["budget"]
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MXMIRROR_")}
-    env.update(extra)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    return env
-
-
 HOOKED = textwrap.dedent("""
     import mxmirror
     from symbols.resnet import resnet_by_depth
@@ -140,7 +135,7 @@ HOOKED = textwrap.dedent("""
 def test_env_auto_logs_its_budget(tmp_path: Path, budget: str | None) -> None:
     extra = {"MXMIRROR_POLICY": "auto", **({"MXMIRROR_BUDGET": budget} if budget else {})}
     proc = subprocess.run([sys.executable, "-c", HOOKED], capture_output=True, text=True,
-                          cwd=tmp_path, env=_env(**extra), timeout=300)
+                          cwd=tmp_path, env=child_env(**extra), timeout=300)
     assert proc.returncode == 0, proc.stderr
     line = next(ln for ln in proc.stderr.splitlines() if "mxmirror: policy=auto" in ln)
     if budget is None:  # a small net fits in this machine's free memory

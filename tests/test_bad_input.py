@@ -24,7 +24,7 @@ import pytest
 
 import mxmirror
 from mxmirror import PlanError
-from mxmirror.child import allocated_mb
+from tests.helpers import mxnet_mb
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -182,11 +182,6 @@ def test_bad_input_plan_error(case, what, call, expected) -> None:
 
 
 # ---------------------------------------------------- accepted inputs, still correct
-def _mxnet_mb(sym, shapes, grad_req, type_dict=None) -> int:
-    ex = sym.simple_bind(mx.cpu(), grad_req=grad_req, type_dict=type_dict, **shapes)
-    return allocated_mb(ex)[0]
-
-
 @pytest.mark.parametrize("req_kind", ["write", "add"])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("policy", ["none", "sqrt", "cheap"])
@@ -199,8 +194,8 @@ def test_simulator_matches_mxnet_fp16_and_add(policy, dtype, req_kind) -> None:
     p = mxmirror.plan(sym, policy=policy, grad_req=req, type_dict=types, **shapes)
     fp16_nodes = [n for n in p.graph.op_nodes if n.dtypes and n.dtypes[0] == "float16"]
     assert bool(fp16_nodes) == (dtype == "float16")
-    assert p.planned_bytes // 2**20 == _mxnet_mb(p.symbol, shapes, req, types)
-    assert p.baseline_bytes // 2**20 == _mxnet_mb(fc_net(n=6, hidden=1024, bn=True),
+    assert p.planned_bytes // 2**20 == mxnet_mb(p.symbol, shapes, req, types)
+    assert p.baseline_bytes // 2**20 == mxnet_mb(fc_net(n=6, hidden=1024, bn=True),
                                                         shapes, req, types)
 
 
@@ -217,7 +212,7 @@ def test_mixed_dtypes_with_cast() -> None:
     dts = {n.name: n.dtypes[0] for n in p.graph.nodes}
     assert dts["data"] == "float16" and dts["fc0"] == "float32"
     req = {a: ("null" if a in shapes else "write") for a in sym.list_arguments()}
-    assert p.planned_bytes // 2**20 == _mxnet_mb(p.symbol, shapes, req, types)
+    assert p.planned_bytes // 2**20 == mxnet_mb(p.symbol, shapes, req, types)
 
 
 def test_no_single_value_cut() -> None:
@@ -235,7 +230,7 @@ def test_no_single_value_cut() -> None:
     req = {a: ("null" if a in shapes else "write") for a in sym.list_arguments()}
     for policy in ("sqrt", "optimal", "cheap"):
         p = mxmirror.plan(sym, policy=policy, **shapes)
-        assert p.planned_bytes // 2**20 == _mxnet_mb(p.symbol, shapes, req)
+        assert p.planned_bytes // 2**20 == mxnet_mb(p.symbol, shapes, req)
 
 
 def test_dense_graph_every_value_crosses() -> None:
@@ -249,10 +244,10 @@ def test_dense_graph_every_value_crosses() -> None:
     sym = mx.sym.SoftmaxOutput(feats[-1], name="softmax")
     shapes = {"data": (512, 512), "softmax_label": (512,)}
     req = {a: ("null" if a in shapes else "write") for a in sym.list_arguments()}
-    assert _mxnet_mb(sym, shapes, req) >= 8, "figures of whole MB must mean something"
+    assert mxnet_mb(sym, shapes, req) >= 8, "figures of whole MB must mean something"
     for policy in ("sqrt", "optimal", "cheap"):
         p = mxmirror.plan(sym, policy=policy, **shapes)
-        assert p.planned_bytes // 2**20 == _mxnet_mb(p.symbol, shapes, req), policy
+        assert p.planned_bytes // 2**20 == mxnet_mb(p.symbol, shapes, req), policy
 
 
 def test_inputs_with_add_and_null_mixed() -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import re
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import pytest
 import mxmirror
 from symbols.lstm import ptb_lm
 from symbols.resnet import resnet_by_depth
+from tests.helpers import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH, NUM_BATCHES, CLASSES = 4, 3, 10
@@ -309,19 +309,12 @@ print("trained", "mirror=" + str("_mirror" in ex.debug_str()), "argv=" + ",".joi
 """
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MXMIRROR_")}
-    env.update(extra)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    return env
-
-
 def test_mxmirror_run_cli(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(TRAIN_SCRIPT)
     proc = subprocess.run([sys.executable, "-m", "mxmirror", "run", "--policy", "sqrt",
                            str(script), "--epochs", "1"], capture_output=True, text=True,
-                          cwd=tmp_path, env=_env(), timeout=300)
+                          cwd=tmp_path, env=child_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "mxmirror: policy=sqrt" in proc.stderr
     assert "trained mirror=True argv=--epochs,1" in proc.stdout
@@ -337,7 +330,7 @@ def test_env_policy_at_import(tmp_path: Path) -> None:
         print("mirror=" + str("_mirror" in ex.debug_str()))
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=tmp_path, env=_env(MXMIRROR_POLICY="cheap"), timeout=300)
+                          cwd=tmp_path, env=child_env(MXMIRROR_POLICY="cheap"), timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "mxmirror: policy=cheap" in proc.stderr
     assert "mirror=True" in proc.stdout
@@ -348,7 +341,7 @@ def test_env_bad_policy_stops_at_mxnet_import(tmp_path: Path) -> None:
     run; importing mxmirror alone (no mxnet, nothing to plan) still works."""
     code = "import mxmirror; print('imported', flush=True); import mxnet; print('mxnet')"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=tmp_path, env=_env(MXMIRROR_POLICY="bogus"), timeout=300)
+                          cwd=tmp_path, env=child_env(MXMIRROR_POLICY="bogus"), timeout=300)
     assert proc.returncode != 0
     assert proc.stdout.split() == ["imported"]
     assert "PlanError: MXMIRROR_POLICY=bogus: unknown policy 'bogus'" in proc.stderr

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import mxmirror
-from mxmirror import aux_order, executor
-from mxmirror.executor import SegmentedExecutor
-from mxmirror.mxnet_adapter import unhooked
+from mxmirror.runtime import aux_order
+from mxmirror.runtime.binds import unhooked
+from mxmirror.runtime.segmented.executor import SegmentedExecutor, settle
 from tests import mkldnn_off
 
 NO_MKLDNN = not mkldnn_off.MKLDNN
@@ -201,7 +201,7 @@ def test_settle_leaves_values_bit_identical(dtype) -> None:
 
 
 def test_segmented_executor_uses_the_same_ordering() -> None:
-    assert executor.settle is aux_order.settle
+    assert settle is aux_order.settle
 
 
 def test_without_mkldnn() -> None:

@@ -9,7 +9,7 @@ from test_memory_vs_mxnet import bind_in_children
 
 from mxmirror import PlanError
 from mxmirror.api import Prepared, prepare
-from mxmirror.planners.front import front
+from mxmirror.planning.budget_front import budget_front
 from symbols import lstm
 from symbols.resnet import resnet_by_depth
 
@@ -67,7 +67,7 @@ def test_budget_sweep(name: str) -> None:
 
 def test_the_front_is_monotone_and_the_smallest_is_named() -> None:
     prep = _net("cifar110")
-    pts = front(prep.analysis)
+    pts = budget_front(prep.analysis)
     assert all(x.planned_bytes < y.planned_bytes and x.recompute_ratio > y.recompute_ratio
                for x, y in zip(pts, pts[1:]))
     low = pts[0]
@@ -82,9 +82,9 @@ def test_answers_without_the_segmented_family_are_the_fronts(name: str) -> None:
     """least_recompute skips the segmented plans where a one-recompute plan that fits
     recomputes less than dp.recompute_floor: the floor holds for every segmented plan, and the
     answer is the whole front's at every budget."""
-    from mxmirror.planners import front as fr
-    from mxmirror.planners.common import segmented_choice
-    from mxmirror.planners.dp import curve, recompute_floor
+    from mxmirror.planning import budget_front as fr
+    from mxmirror.planning.choice import segmented_choice
+    from mxmirror.planning.dp import curve, recompute_floor
 
     a = _net(name).analysis
     floor = recompute_floor(a)
@@ -96,6 +96,6 @@ def test_answers_without_the_segmented_family_are_the_fronts(name: str) -> None:
         fr._fronts.pop(a, None)  # as a fresh process: the whole front not computed yet
         lazy = fr.least_recompute(a, budget)
         skipped += a not in fr._fronts
-        fits = [p for p in fr.front(a) if p.planned_bytes <= budget]
+        fits = [p for p in fr.budget_front(a) if p.planned_bytes <= budget]
         assert lazy == (fits[-1] if fits else None), f
     assert skipped  # some budgets never compute the segmented plans

@@ -20,9 +20,10 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from mxmirror import cli
-from mxmirror.child import allocated_mb
+from mxmirror.adapter.children import allocated_mb
+from mxmirror.frontends import cli
 from symbols.resnet import resnet_by_depth
+from tests.helpers import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 DESIGN_KEYS = {"policy", "nodes", "mirrored", "checkpoints", "baseline_mb", "planned_mb",
@@ -136,15 +137,9 @@ def files(tmp_path_factory) -> dict[str, Path]:
     return make_files(tmp_path_factory.mktemp("cli"))
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE="0")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    return {k: v for k, v in env.items() if not k.startswith("MXMIRROR_")}
-
-
 def _cli(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mxmirror", *args], capture_output=True,
-                          text=True, env=_env(), cwd=cwd, timeout=300)
+                          text=True, env=child_env(), cwd=cwd, timeout=300)
 
 
 def _check_bad(code: int, err: str) -> None:
@@ -288,7 +283,7 @@ def test_bad_input_message(argv, message, files, capfd) -> None:
 
 @pytest.mark.parametrize("policy", ["none", "cheap", "sqrt", "search", "optimal", "recursive"])
 def test_budget_refused_where_not_taken(policy, files, capfd) -> None:
-    from mxmirror.planners import NEEDS_BUDGET, POLICIES
+    from mxmirror.planning.registry import NEEDS_BUDGET, POLICIES
 
     assert policy in POLICIES and policy not in NEEDS_BUDGET
     argv = ["plan", str(files["fc"]), "--shape", "data=4,32", "--policy", policy,
@@ -304,7 +299,7 @@ def test_plan_into_a_closed_pipe(files) -> None:
     try:
         proc = subprocess.run([sys.executable, "-m", "mxmirror", "plan", str(files["resnet"]),
                                "--shape", "data=4,3,32,32"], stdout=write_end,
-                              stderr=subprocess.PIPE, text=True, env=_env(), timeout=300)
+                              stderr=subprocess.PIPE, text=True, env=child_env(), timeout=300)
     finally:
         os.close(write_end)
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
@@ -319,7 +314,7 @@ def _help(command: str, capsys) -> str:
 
 
 def test_help_shows_choices_and_defaults(capsys) -> None:
-    from mxmirror.planners import POLICIES
+    from mxmirror.planning.registry import POLICIES
 
     choices = "{" + ",".join(POLICIES) + "}"  # the registry's names, in its order
     for command in ("plan", "memory", "viz", "run"):

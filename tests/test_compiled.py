@@ -1,5 +1,5 @@
 """The compiled training graph scores every mirror set as building it would: same execution
-order, same reads, same MXNet figure, same copies (memory.simulate on training_graph.build
+order, same reads, same MXNet figure, same copies (memory_plan.simulate on training_graph.build
 is itself checked against MXNet in test_memory_vs_mxnet.py)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import random
 import mxnet as mx
 import pytest
 
-from mxmirror import memory, training_graph
 from mxmirror.api import prepare
+from mxmirror.sim import memory_plan, training_graph
 from symbols.lstm import input_shapes, paper_lstm
 from symbols.resnet import resnet
 
@@ -40,7 +40,7 @@ NETS = {
 
 def _built(a, kept):
     tg = training_graph.build(a.graph, kept)
-    sim = memory.simulate(tg, timeline=True)
+    sim = memory_plan.simulate(tg, timeline=True)
     return ([t.op for t in tg.nodes], sim.total_bytes, sim.block_bytes, sim.timeline,
             sorted(t.fwd for t in tg.nodes if t.role == "mirror"))
 
@@ -48,7 +48,7 @@ def _built(a, kept):
 def _compiled(a, kept):
     c = a.compiled
     fg, copies = c.flat(kept)
-    sim = memory.simulate_flat(fg, timeline=True)
+    sim = memory_plan.simulate_flat(fg, timeline=True)
     return ([c.op[i] for i in fg.order], sim.total_bytes, sim.block_bytes, sim.timeline,
             sorted(copies))
 
@@ -75,9 +75,9 @@ def test_score_below_stops_only_at_the_bound(name: str) -> None:
     ids = [n.id for n in a.order]
     mirror = frozenset(ids[::2])
     fg, _ = a.compiled.flat(a.drop_unread(mirror))
-    total = memory.simulate_flat(fg).total_bytes
-    assert memory.simulate_flat(fg, stop_at=total) is None
-    assert memory.simulate_flat(fg, stop_at=total + 1).total_bytes == total
+    total = memory_plan.simulate_flat(fg).total_bytes
+    assert memory_plan.simulate_flat(fg, stop_at=total) is None
+    assert memory_plan.simulate_flat(fg, stop_at=total + 1).total_bytes == total
     assert a.score_below(mirror, total) is None  # not below: remembered as a lower bound
     assert a.score_below(mirror, total - 1) is None
     assert a.score_below(mirror, total + 1).planned_bytes == total

@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 
 import mxmirror
-from mxmirror.child import allocated_mb
-from mxmirror.planners import ALIASES
+from mxmirror.adapter.children import allocated_mb
+from mxmirror.planning.registry import ALIASES
 from symbols.lstm import input_shapes, paper_lstm
 from symbols.resnet import resnet, resnet_by_depth
 from tests import mkldnn_off
@@ -179,10 +179,6 @@ def _mismatches(base: list[dict], planned: list[dict]) -> list[str]:
     return bad
 
 
-def _mxnet_mb(ex) -> int:
-    return sum(allocated_mb(ex))
-
-
 # ------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="module")
 def baselines(tmp_path_factory):
@@ -195,7 +191,7 @@ def baselines(tmp_path_factory):
             values = _init_values(case.sym, case)
             ex, records = _train(case.sym, case, values)
             sqrt_plan = mxmirror.plan(case.sym, policy="sqrt", **case.shapes)
-            cache[name] = (case, values, records, _mxnet_mb(ex), sqrt_plan)
+            cache[name] = (case, values, records, sum(allocated_mb(ex)), sqrt_plan)
         return cache[name]
 
     return get
@@ -237,7 +233,7 @@ def test_planned_training_matches_unplanned(graph: str, policy: str, baselines) 
     if policy == "none":
         assert "_mirror" not in debug
     assert not re.search(r"Op:Dropout, Name=\S*_mirror", debug)
-    assert _mxnet_mb(ex) <= base_mb
+    assert sum(allocated_mb(ex)) <= base_mb
 
     bad = _mismatches(base_records, records)
     assert not bad, f"{policy} on {graph}: {len(bad)} mismatches, e.g. {bad[:5]}"

@@ -1,6 +1,6 @@
 """The planner's fast paths against literal references, on random mirror sets.
 
-``memory.simulate_flat`` decodes each node once (``node_steps``: variable reads left out,
+``memory_plan.simulate_flat`` decodes each node once (``node_steps``: variable reads left out,
 unread outputs checked only when one was allocated), and ``Analysis.drop_unread`` and
 ``segment_mirror`` read precomputed tables. Here each is compared with a plain reading of
 what it replaces: MXNet's plan_memory.cc node by node (every read, every output), and the
@@ -20,13 +20,14 @@ from hypothesis import strategies as st
 from test_compiled import NETS
 from test_properties import SETTINGS, build, networks, shapes_for
 
-from mxmirror import memory, ops
 from mxmirror.api import prepare
-from mxmirror.memory import BAD, ELEMENT_BYTES, EXTERNAL
-from mxmirror.planners.common import segment_mirror
+from mxmirror.ir import ops
+from mxmirror.planning.algorithm3 import segment_mirror
+from mxmirror.sim import memory_plan
+from mxmirror.sim.memory_plan import BAD, ELEMENT_BYTES, EXTERNAL
 
 
-def reference_simulate(fg: memory.FlatGraph, strategy: str = "sharing", match_range: int = 16):
+def reference_simulate(fg: memory_plan.FlatGraph, strategy: str = "sharing", match_range: int = 16):
     """MXPlanMemory read literally: (total bytes, storage per entry, blocks, timeline)."""
     inplace = strategy != "none"
     mr = match_range if strategy == "sharing" else 0
@@ -128,13 +129,13 @@ def _check(a, mirror: frozenset[int]) -> None:
     kept = a.drop_unread(mirror)
     assert kept == reference_drop_unread(a, mirror)
     fg, _ = a.compiled.flat(kept)
-    for strategy in memory.STRATEGIES:
-        sim = memory.simulate_flat(fg, strategy, timeline=True)
+    for strategy in memory_plan.STRATEGIES:
+        sim = memory_plan.simulate_flat(fg, strategy, timeline=True)
         assert (sim.total_bytes, sim.storage, sim.block_bytes, sim.timeline) == \
             reference_simulate(fg, strategy), strategy
-    total = memory.simulate_flat(fg).total_bytes
+    total = memory_plan.simulate_flat(fg).total_bytes
     for stop in (total, total + 1, total // 2, 1):
-        got = memory.simulate_flat(fg, stop_at=stop)
+        got = memory_plan.simulate_flat(fg, stop_at=stop)
         assert (got is None) == (total >= stop)
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mxmirror import fitting
-from mxmirror.cli import main
+from mxmirror.adapter.symbol import load_symbol
+from mxmirror.frontends.cli import main
+from mxmirror.tools import fitting
 from symbols.resnet import resnet_by_depth
 
 MEMORY = 48 * 2**20
@@ -24,9 +25,8 @@ def symbol_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def search(symbol_file):
-    from mxmirror import mxnet_adapter
 
-    return fitting.batch_search(mxnet_adapter.load_symbol(str(symbol_file)),
+    return fitting.batch_search(load_symbol(str(symbol_file)),
                                 {"data": ("N", 3, 32, 32)})
 
 

@@ -22,6 +22,7 @@ from mxnet import autograd, gluon
 import mxmirror
 from mxmirror.errors import PlanError
 from mxmirror.gluon import PlannedBlock
+from tests.mkldnn_off import run_code
 
 ROOT = Path(__file__).resolve().parents[1]
 MIRROR_POLICIES = ["none", "cheap", "sqrt", "optimal", "budget"]
@@ -324,10 +325,7 @@ def test_mkldnn_off_bit_identical():
         t.assert_same(t.train(t.dropout_net, "sqrt", seed=3), ref)
         print("ok")
     """)
-    env = dict(os.environ, MXNET_MKLDNN_ENABLED="0")
-    run = subprocess.run([sys.executable, "-c", code, str(ROOT)], env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
+    run_code(code)
 
 
 GLUON_SCRIPT = textwrap.dedent("""

@@ -19,8 +19,8 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import mxmirror
-from mxmirror.executor import SegmentedExecutor
 from mxmirror.gluon import PlannedBlock
+from mxmirror.runtime.segmented.executor import SegmentedExecutor
 from tests import mkldnn_off
 from tests import test_gluon_segmented as seg
 from tests.test_gluon import CTXS, assert_same
@@ -197,7 +197,7 @@ def dcgan(policy=None, steps=20, batch=8):
             trainer_g.step(batch)
             losses.append((err_d.mean().asscalar(), err_g.mean().asscalar()))
     if policy:  # the discriminator's plans recompute
-        bounds = mxmirror.gluon._planned[net_d]._bound.values()
+        bounds = mxmirror.gluon.hook._planned[net_d]._bound.values()
         assert len(bounds) == 3 and all(b.plan.mirrored for b in bounds)
     values = {f"{i}.{k}": p.data().asnumpy()
               for i, net in enumerate((net_g, net_d))

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -28,10 +26,11 @@ import pytest
 from mxnet import autograd, gluon
 
 from mxmirror.errors import PlanError
-from mxmirror.executor import SegmentedExecutor
 from mxmirror.gluon import PlannedBlock
 from mxmirror.log import show as show_log
+from mxmirror.runtime.segmented.executor import SegmentedExecutor
 from symbols.gluon_chain import ConvChain
+from tests.mkldnn_off import run_code
 from tests.test_gluon import CTXS, assert_same, train
 from tests.test_segmented_users import plain_at_cuts
 
@@ -205,10 +204,7 @@ def test_mkldnn_off_bit_identical():
         t.test_several_positional_inputs()
         print("ok")
     """)
-    env = dict(os.environ, MXNET_MKLDNN_ENABLED="0", MXNET_STORAGE_FALLBACK_LOG_VERBOSE="0")
-    done = subprocess.run([sys.executable, "-c", code, str(ROOT)], env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    run_code(code)
 
 
 class OptionalInput(gluon.HybridBlock):

@@ -21,10 +21,11 @@ import pytest
 from test_onelevel import _fill, _nets
 
 from mxmirror.api import prepare
-from mxmirror.executor import SegmentedExecutor
-from mxmirror.grad_sums import _contributions, _into
-from mxmirror.planners import dp
-from mxmirror.segments import make_segment_plan, store_all_tree
+from mxmirror.planning import dp
+from mxmirror.runtime.segmented.executor import SegmentedExecutor
+from mxmirror.segments.cost import make_segment_plan
+from mxmirror.segments.grad_sums import _contributions, _into
+from mxmirror.segments.schedule import store_all_tree
 from tests import mkldnn_off
 
 MKLDNN = mkldnn_off.MKLDNN
@@ -102,7 +103,7 @@ def test_uses_added_in_place() -> None:
     weight exactly where the modelled expressions agree, bit for bit with MKL-DNN off;
     with it on, wherever the model says exact. Both orders occur: the write order is not
     always the one MXNet's sum needs, and the model sees which."""
-    from mxmirror.grad_sums import _writers
+    from mxmirror.segments.grad_sums import _writers
 
     agree = []
     for chain in (True, False):
@@ -162,7 +163,7 @@ def test_lstm_weights_sum_like_mxnet() -> None:
     step): every weight the model calls exact is bitwise the unplanned gradient (MKL-DNN on
     and off), those with several uses in a segment too, through a slot per use; the
     weights called inexact differ (MKL-DNN off)."""
-    from mxmirror.grad_sums import weight_sums
+    from mxmirror.segments.grad_sums import weight_sums
 
     sym, shapes = _nets()["lstm"]
     prep = prepare(sym, **shapes)
@@ -197,7 +198,7 @@ def test_lstm_weights_sum_like_mxnet() -> None:
 def test_resnet_weights_in_place() -> None:
     """A ResNet's weights each have one use: every weight of a template bound to the user's
     arrays is added in place, and is exact."""
-    from mxmirror.grad_sums import weight_sums
+    from mxmirror.segments.grad_sums import weight_sums
 
     sym, shapes = _nets()["resnet"]
     sp = next(_every_chain(prepare(sym, **shapes)))
@@ -220,7 +221,7 @@ def test_in_place_gradients_have_no_slot() -> None:
     """A template that adds a weight's gradient in place binds the user's own gradient
     memory; no gradient slot is predicted or allocated for it, and the whole plan is
     measured as predicted (in a child: every array the executor holds)."""
-    from mxmirror.measure import measure
+    from mxmirror.runtime.segmented.measure import measure
 
     sym, shapes = _nets()["lstm"]
     prep = prepare(sym, **shapes)

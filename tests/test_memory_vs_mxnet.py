@@ -1,7 +1,7 @@
 """The simulated planner must give MXNet 1.9.1's own ``Total X MB allocated``.
 
 Every case is bound (never run) by MXNet in child processes, the figure read
-from ``Executor.debug_str()``, and compared with ``memory.simulate`` on the
+from ``Executor.debug_str()``, and compared with ``memory_plan.simulate`` on the
 training graph ``training_graph.build`` makes for the same mirror set.  MXNet prints
 whole MB (``total_bytes >> 20``, floored), so the simulator is exact when
 ``0 <= sim - mxnet < 1``: that is what is asserted. The difference is printed
@@ -37,9 +37,11 @@ from pathlib import Path
 import mxnet as mx
 import pytest
 
-from mxmirror import memory, training_graph
-from mxmirror import mxnet_adapter as A
-from mxmirror.plan import annotate_json
+from mxmirror.adapter.figure import mxnet_mb, mxnet_mb_many
+from mxmirror.adapter.reader import load_graph
+from mxmirror.ir.graph import module_default, normalize_grad_req
+from mxmirror.ir.symbol_json import annotate_json
+from mxmirror.sim import memory_plan, training_graph
 from symbols.lstm import input_shapes, paper_lstm
 from symbols.resnet import resnet
 
@@ -273,7 +275,7 @@ def mirror_ids(symbol_json: str, case: Case, variant: str) -> set[int]:
 _CHILD = r"""
 import json, os, re, sys
 import mxnet as mx
-from mxmirror.child import allocated_mb
+from mxmirror.adapter.children import allocated_mb
 with open(sys.argv[1]) as f:
     jobs = json.load(f)
 base = dict(os.environ)
@@ -376,7 +378,7 @@ class Figures:
             try:
                 sym, shapes = case.build(self.tmpdir) if case.gluon else case.build()
                 js = sym.tojson()
-                req = A.normalize_grad_req(sym, shapes, None)
+                req = normalize_grad_req(sym.list_arguments(), None, module_default(shapes))
             except Exception as exc:  # this case fails, the others still run
                 self.done.update({k: (float("nan"), f"building the graph: {exc!r}")
                                   for k in mine})
@@ -398,12 +400,12 @@ class Figures:
         for name, (sym, shapes, js) in built.items():
             mine = [k for k in keys if k[0] == name]
             try:
-                g = A.load_graph(sym, shapes)
+                g = load_graph(sym, shapes)
                 for key in mine:
                     variant, strategy = key[1], key[2]
                     ids = (training_graph.do_mirror_set(g) if variant == "do_mirror"
                            else mirror_ids(js, CASES[name], variant))
-                    sims[key] = memory.simulate(training_graph.build(g, ids), strategy).mb
+                    sims[key] = memory_plan.simulate(training_graph.build(g, ids), strategy).mb
             except Exception as exc:
                 sims.update({k: f"simulating: {exc!r}" for k in mine if k not in sims})
         try:
@@ -454,15 +456,15 @@ def test_simulated_mb_matches_mxnet(figures: Figures, case: str, variant: str,
 
 
 def test_batched_child_agrees_with_adapter() -> None:
-    """The batched bind child above measures what ``A.mxnet_mb_many`` measures."""
+    """The batched bind child above measures what ``mxnet_mb_many`` measures."""
     sym, shapes = _mlp()
     js = sym.tojson()
-    req = A.normalize_grad_req(sym, shapes, None)
+    req = normalize_grad_req(sym.list_arguments(), None, module_default(shapes))
     envs = [{}, {"MXNET_BACKWARD_DO_MIRROR": "1"}, {"NNVM_EXEC_MATCH_RANGE": "0"}]
     jobs = [{"symbol": js, "shapes": {k: list(v) for k, v in shapes.items()},
              "grad_req": req, "env": e, "cost": 1} for e in envs]
     ours = bind_in_children(jobs, workers=1).result()
-    theirs = A.mxnet_mb_many(jobs)
+    theirs = mxnet_mb_many(jobs)
     assert ours == theirs
     assert len(set(ours)) == 3, "the env switches must change the figure"
 
@@ -472,22 +474,22 @@ def test_batched_child_agrees_with_adapter() -> None:
 def resnet1001():
     sym = resnet([3, 120, 207, 3], act="leaky")
     shapes = {"data": (32, 3, 224, 224), "softmax_label": (32,)}
-    return sym, shapes, A.load_graph(sym, shapes)
+    return sym, shapes, load_graph(sym, shapes)
 
 
 def test_resnet1001_simulates_mxnets_recorded_figure(resnet1001) -> None:
     """The simulator on the deepest network without binding it (its speed is measured by
     scripts/plan_speed.py, not here: a wall-clock bound fails on a loaded machine)."""
     _, _, g = resnet1001
-    _check("resnet1001 none sharing", memory.simulate(training_graph.build(g, set()),
+    _check("resnet1001 none sharing", memory_plan.simulate(training_graph.build(g, set()),
                                                       "sharing").mb, RESNET1001_MXNET_MB)
 
 
 @pytest.mark.slow
 def test_resnet1001_matches_mxnet_bind(resnet1001) -> None:
     sym, shapes, g = resnet1001
-    sim_mb = memory.simulate(training_graph.build(g, set()), "sharing").mb
-    mxnet_mb = A.mxnet_mb(sym, shapes)
-    print(f"\nResNet-1001 MXNet bind: {mxnet_mb} MB (recorded {RESNET1001_MXNET_MB} MB)")
-    _check("resnet1001 none sharing", sim_mb, mxnet_mb)
-    assert mxnet_mb == RESNET1001_MXNET_MB
+    sim_mb = memory_plan.simulate(training_graph.build(g, set()), "sharing").mb
+    figure = mxnet_mb(sym, shapes)
+    print(f"\nResNet-1001 MXNet bind: {figure} MB (recorded {RESNET1001_MXNET_MB} MB)")
+    _check("resnet1001 none sharing", sim_mb, figure)
+    assert figure == RESNET1001_MXNET_MB

@@ -17,12 +17,13 @@ import pytest
 from test_segmented_users import _equal, plain_at_cuts
 
 from mxmirror.api import prepare
-from mxmirror.executor import SegmentedExecutor
-from mxmirror.grad_sums import weight_sums
-from mxmirror.planners import dp
+from mxmirror.planning import dp
+from mxmirror.runtime.segmented.executor import SegmentedExecutor
+from mxmirror.segments.grad_sums import weight_sums
 from symbols.lstm import input_shapes, paper_lstm
 from symbols.resnet import resnet_by_depth
 from tests import mkldnn_off
+from tests.helpers import assert_same
 
 MKLDNN = mkldnn_off.MKLDNN
 STEPS, LR = 2, 0.05
@@ -83,7 +84,7 @@ def _coarse_plans(prep):
     a = prep.analysis
     sp = next(c for c in dp.chains(a)[1:] if c.segments.m >= 4)
     every = dp.chain_curve(a, sp)[1][2]
-    tight = dp._smallest(a, sp)
+    tight = dp._least_on_chain(a, sp)
     assert max(every.dry.runs) == 2 and max(tight.dry.runs) >= 3
     return [every, tight]
 
@@ -100,11 +101,6 @@ def _fill(sym, shapes, exs, seed=0):
         val = rng.uniform(0.5, 1.5, v.shape) if "var" in k else rng.uniform(-.1, .1, v.shape)
         for e in exs:
             e.aux_dict[k][:] = val
-
-
-def _same(a: dict, b: dict, what: str) -> None:
-    bad = [k for k in a if a[k] is not None and not _equal(a[k].asnumpy(), b[k].asnumpy())]
-    assert not bad, f"{what} differ: {bad[:5]}"
 
 
 def test_coarse_schedules_train_like_mxnet(net) -> None:
@@ -126,8 +122,8 @@ def test_coarse_schedules_train_like_mxnet(net) -> None:
             mx.nd.waitall()
             for a, b in zip(ref.outputs, ex.outputs):
                 assert _equal(a.asnumpy(), b.asnumpy())
-            _same(ref.grad_dict, ex.grad_dict, f"gradients at step {step}")
-            _same(ref.aux_dict, ex.aux_dict, f"aux states at step {step}")
+            assert_same(ref.grad_dict, ex.grad_dict, f"gradients at step {step}", _equal)
+            assert_same(ref.aux_dict, ex.aux_dict, f"aux states at step {step}", _equal)
             for k, g in ref.grad_dict.items():
                 if g is not None:
                     ref.arg_dict[k][:] -= LR * g

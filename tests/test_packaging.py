@@ -112,7 +112,7 @@ def test_build_puts_the_pth_beside_the_package(tmp_path) -> None:
                            str(build)], cwd=src, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert (build / PTH).read_text() == (ROOT / PTH).read_text()
-    assert (build / "mxmirror" / "startup.py").is_file()
+    assert (build / "mxmirror" / "frontends" / "startup.py").is_file()
 
 
 def test_python_versions_claimed_are_the_ones_required() -> None:

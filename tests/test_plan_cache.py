@@ -9,9 +9,11 @@ import warnings
 
 import pytest
 
-from mxmirror import learn
+from mxmirror.adapter.learn import TemplateStore, learned_by
 from mxmirror.api import prepare
-from mxmirror.planners import STRATEGIES, cache
+from mxmirror.planning import cache
+from mxmirror.planning.cache import cache_path
+from mxmirror.planning.registry import STRATEGIES
 from symbols.resnet import resnet
 
 SHAPES = {"data": (4, 3, 32, 32), "softmax_label": (4,)}
@@ -35,13 +37,20 @@ def _fields(p) -> dict:
     return out
 
 
+
+def _key(policy: str, budget_bytes, prepared) -> str | None:
+    """The name of the plan file the API keeps for these."""
+    return cache.plan_key(policy, budget_bytes, prepared.source_json, prepared.inputs,
+                          learned_by=learned_by())
+
+
 @pytest.mark.parametrize("policy,budget", [("search", None), ("sqrt", None),
                                            ("recursive", None), ("multilevel", "6MB"),
                                            ("none", None)])
 def test_cached_plan_equals_fresh_plan(policy, budget, monkeypatch) -> None:
     sym = _small()
     fresh = prepare(sym, **SHAPES).plan(policy, budget)  # planned (or read) and kept
-    key = cache.plan_key(fresh.policy, fresh_budget(budget), fresh.source_json, fresh.inputs)
+    key = _key(fresh.policy, fresh_budget(budget), fresh)
     assert (cache.plans_dir() / f"{key}.json").exists()
     name = fresh.policy
 
@@ -59,7 +68,7 @@ def test_cached_plan_equals_fresh_plan(policy, budget, monkeypatch) -> None:
 
 
 def fresh_budget(budget):
-    from mxmirror.planners import parse_budget
+    from mxmirror.planning.registry import parse_budget
 
     return parse_budget(budget)
 
@@ -67,7 +76,7 @@ def fresh_budget(budget):
 def test_corrupt_file_warns_once_and_plans_again() -> None:
     sym = _small()
     p = prepare(sym, **SHAPES).plan("sqrt")
-    file = cache.plans_dir() / f"{cache.plan_key('sqrt', None, p.source_json, p.inputs)}.json"
+    file = cache.plans_dir() / f"{_key('sqrt', None, p)}.json"
     file.write_text('{"schema": 2, "mirror": [1, 2')  # cut short
     with pytest.warns(UserWarning, match="unreadable plan cache file") as caught:
         again = prepare(sym, **SHAPES).plan("sqrt")
@@ -83,26 +92,26 @@ def test_off_writes_nothing(tmp_path, monkeypatch) -> None:
     folder = cache.plans_dir()
     before = sorted(folder.iterdir()) if folder.exists() else []
     monkeypatch.setenv("MXMIRROR_CACHE", "off")
-    assert learn.cache_path() is None and cache.plans_dir() is None
+    assert cache_path() is None and cache.plans_dir() is None
     p = prepare(_small(), **SHAPES).plan("cheap")
-    assert cache.plan_key("cheap", None, p.source_json, p.inputs) is None
+    assert _key("cheap", None, p) is None
     assert (sorted(folder.iterdir()) if folder.exists() else []) == before
     # the template store neither reads nor writes
     monkeypatch.setenv("MXMIRROR_CACHE", "OFF")
-    off = learn.TemplateStore("x", None)
+    off = TemplateStore("x", None)
     off.put_many({})
     assert off.file is None and off.data == {}
     monkeypatch.setenv("MXMIRROR_CACHE", str(tmp_path))
-    assert learn.TemplateStore("x", None).file.parent == tmp_path
+    assert TemplateStore("x", None).file.parent == tmp_path
 
 
 WRITER = """
 import sys
 from pathlib import Path
-from mxmirror import learn
+from mxmirror.planning.cache import write_atomic
 f, tag = Path(sys.argv[1]), sys.argv[2]
 for i in range(150):
-    learn.write_atomic(f, '{"tag": "%s", "i": %d, "pad": "%s"}' % (tag, i, tag * 200000))
+    write_atomic(f, '{"tag": "%s", "i": %d, "pad": "%s"}' % (tag, i, tag * 200000))
 """
 
 
@@ -126,10 +135,10 @@ def test_dtypes_given_as_types_key_the_same_plan() -> None:
 
     sym = _small()
     by_type = prepare(sym, type_dict={"data": np.float32}, **SHAPES).plan("sqrt")
-    key = cache.plan_key("sqrt", None, by_type.source_json, by_type.inputs)
+    key = _key("sqrt", None, by_type)
     assert (cache.plans_dir() / f"{key}.json").exists()
     by_name = prepare(sym, type_dict={"data": "float32"}, **SHAPES).plan("sqrt")
-    assert cache.plan_key("sqrt", None, by_name.source_json, by_name.inputs) == key
+    assert _key("sqrt", None, by_name) == key
 
 
 def test_pruning_drops_the_least_recently_used_plans(tmp_path, monkeypatch) -> None:
@@ -142,7 +151,7 @@ def test_pruning_drops_the_least_recently_used_plans(tmp_path, monkeypatch) -> N
 
     def file(policy: str):
         p = prepare(sym, **SHAPES).plan(policy)
-        return tmp_path / f"{cache.plan_key(policy, None, p.source_json, p.inputs)}.json"
+        return tmp_path / f"{_key(policy, None, p)}.json"
 
     sqrt, cheap = file("sqrt"), file("cheap")
     os.utime(sqrt, (1000, 1000))  # written first, long ago
@@ -169,11 +178,11 @@ def test_pruning_bounds_the_bytes_and_keeps_the_newest(tmp_path) -> None:
 PRUNER = """
 import sys
 from pathlib import Path
-from mxmirror import learn
-from mxmirror.planners import cache
+from mxmirror.planning import cache
+from mxmirror.planning.cache import write_atomic
 folder, tag = Path(sys.argv[1]), sys.argv[2]
 for i in range(300):
-    learn.write_atomic(folder / f"{tag}{i}.json", '{"i": %d}' % i)
+    write_atomic(folder / f"{tag}{i}.json", '{"i": %d}' % i)
     cache.prune(folder, max_files=20)
 """
 

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 
 import mxmirror
-from mxmirror import ops, training_graph
+from mxmirror.adapter.figure import mxnet_mb
 from mxmirror.api import prepare
-from mxmirror.mxnet_adapter import mxnet_mb
-from mxmirror.plan import annotate_json
-from mxmirror.planners import search
-from mxmirror.planners.common import greedy_cuts, segment_mirror
+from mxmirror.ir import ops
+from mxmirror.ir.symbol_json import annotate_json
+from mxmirror.planning.algorithm3 import greedy_cuts, segment_mirror
+from mxmirror.planning.strategies import search
+from mxmirror.sim import training_graph
 from symbols import lstm
 from symbols.chain import conv_chain
 from symbols.resnet import resnet, resnet_by_depth
@@ -150,5 +151,5 @@ def test_the_taper_search_improves_a_flat_plan_and_mxnet_allocates_its_predictio
     flat, mirror = evaluate(start)
     got, _, _ = search._taper_search(evaluate, a.cuts, flat, mirror, start)
     assert got.planned_bytes < flat.planned_bytes
-    planned = annotate_json(prep.source_json, got.mirror)
+    planned = annotate_json(prep.source_json, got.recomputed_ids)
     assert mxnet_mb(planned, shapes, grad_req="write") == got.planned_bytes // 2**20

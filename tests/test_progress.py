@@ -7,7 +7,7 @@ import sys
 
 from mxmirror import progress
 from mxmirror.api import prepare
-from mxmirror.planners import cache
+from mxmirror.planning import cache
 from symbols.resnet import resnet
 
 SHAPES = {"data": (4, 3, 32, 32), "softmax_label": (4,)}

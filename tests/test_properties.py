@@ -23,9 +23,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mxmirror import api, ops
-from mxmirror.child import allocated_mb
-from mxmirror.plan import MIRROR_KEY
+from mxmirror import api
+from mxmirror.ir import ops
+from mxmirror.ir.symbol_json import MIRROR_KEY
+from tests.helpers import mxnet_mb
 
 EXAMPLES: dict[str, int] = {}
 SETTINGS = dict(deadline=None, derandomize=True, database=None,
@@ -158,12 +159,6 @@ def test_every_policy_valid(net) -> None:
     _count("test_every_policy_valid")
 
 
-def _mxnet_mb(sym, shapes) -> int:
-    req = {a: ("null" if a in shapes else "write") for a in sym.list_arguments()}
-    ex = sym.simple_bind(mx.cpu(), grad_req=req, **shapes)
-    return allocated_mb(ex)[0]
-
-
 @settings(max_examples=12, **SETTINGS)
 @given(networks(min_layers=4, max_layers=10))
 def test_simulated_equals_mxnet(net) -> None:
@@ -174,9 +169,9 @@ def test_simulated_equals_mxnet(net) -> None:
     _, plans, _ = plan_all(sym, shapes)
     for policy in ("sqrt", "optimal"):
         p = plans[policy]
-        assert p.planned_bytes // 2**20 == _mxnet_mb(p.symbol, shapes), policy
+        assert p.planned_bytes // 2**20 == mxnet_mb(p.symbol, shapes), policy
         _count("planned binds compared (MB)")
-    assert plans["sqrt"].baseline_bytes // 2**20 == _mxnet_mb(sym, shapes)
+    assert plans["sqrt"].baseline_bytes // 2**20 == mxnet_mb(sym, shapes)
     _count("test_simulated_equals_mxnet")
 
 
@@ -226,7 +221,7 @@ def test_planned_gradients_equal_unplanned(net) -> None:
 @given(networks(), st.lists(st.floats(0, 1), min_size=3, max_size=3), st.randoms())
 def test_compiled_scores_equal_built(net, rates, rnd) -> None:
     """Analysis.score (compiled training graph) equals building and simulating each set."""
-    from mxmirror import memory, training_graph
+    from mxmirror.sim import memory_plan, training_graph
 
     recipe, heads = net
     sym = build(recipe, heads, hidden=16)
@@ -236,9 +231,9 @@ def test_compiled_scores_equal_built(net, rates, rnd) -> None:
         mirror = frozenset(n.id for n in a.order if rnd.random() < rate)
         kept = a.drop_unread(mirror)
         tg = training_graph.build(a.graph, kept)
-        assert a.score(mirror).planned_bytes == memory.simulate(tg).total_bytes
+        assert a.score(mirror).planned_bytes == memory_plan.simulate(tg).total_bytes
         fg, copies = a.compiled.flat(kept)
         assert sorted(copies) == sorted(t.fwd for t in tg.nodes if t.role == "mirror")
-        assert memory.simulate_flat(fg, timeline=True).timeline == \
-            memory.simulate(tg, timeline=True).timeline
+        assert memory_plan.simulate_flat(fg, timeline=True).timeline == \
+            memory_plan.simulate(tg, timeline=True).timeline
     _count("test_compiled_scores_equal_built")

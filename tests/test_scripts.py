@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _script(name: str):
     path = ROOT / "scripts" / f"{name}.py"
+    if str(path.parent) not in sys.path:  # as `python scripts/<name>.py` has it (_bootstrap)
+        sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(f"_script_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

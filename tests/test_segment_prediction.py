@@ -14,7 +14,7 @@ import mxnet as mx
 import pytest
 
 import mxmirror
-from mxmirror.device_memory import resident_bytes
+from mxmirror.ir.graph import resident_bytes
 from symbols import lstm, resnet
 from symbols.chain import conv_chain
 

@@ -23,23 +23,19 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+from mxmirror.adapter.children import allocated_mb
+from mxmirror.adapter.reader import load_graph
 from mxmirror.api import prepare
-from mxmirror.child import allocated_mb
 from mxmirror.errors import PlanError
-from mxmirror.executor import SegmentedExecutor
-from mxmirror.planners import dp
-from mxmirror.planners.common import segment_chain
-from mxmirror.segments import (
-    binary_tree,
-    dry_run,
-    make_segment_plan,
-    pool_blocks,
-    spine,
-    store_all_tree,
-)
+from mxmirror.planning import dp
+from mxmirror.planning.chains import segment_chain
+from mxmirror.runtime.segmented.executor import SegmentedExecutor
+from mxmirror.segments.cost import dry_run, make_segment_plan, pool_blocks
+from mxmirror.segments.schedule import binary_tree, spine, store_all_tree
 from symbols.lstm import input_shapes, paper_lstm
 from symbols.resnet import resnet_by_depth
 from tests import mkldnn_off
+from tests.helpers import assert_same
 
 ROOT = Path(__file__).resolve().parents[1]
 # With MKLDNN a boundary value arrives in plain layout where the unplanned executor had a
@@ -89,11 +85,6 @@ def _fill(ref, ex, seed=0):
         ex.aux_dict[k][:] = val
 
 
-def _same(a, b, what):
-    bad = [k for k in a if a[k] is not None and not _close(a[k].asnumpy(), b[k].asnumpy())]
-    assert not bad, f"{what} differ: {bad[:5]}"
-
-
 def _close(a, b):
     return np.array_equal(a, b) if EXACT else np.allclose(a, b, rtol=RTOL, atol=ATOL)
 
@@ -111,8 +102,8 @@ def _train_and_compare(sym, shapes, sp):
         mx.nd.waitall()  # BatchNorm's running-stat update is not engine-tracked
         for a, b in zip(ref.outputs, ex.outputs):
             assert _close(a.asnumpy(), b.asnumpy())
-        _same(ref.grad_dict, ex.grad_dict, f"gradients at step {step}")
-        _same(ref.aux_dict, ex.aux_dict, f"aux states at step {step}")
+        assert_same(ref.grad_dict, ex.grad_dict, f"gradients at step {step}", _close)
+        assert_same(ref.aux_dict, ex.aux_dict, f"aux states at step {step}", _close)
         for k, g in ref.grad_dict.items():  # move the parameters so steps differ
             if g is not None:
                 ref.arg_dict[k][:] -= LR * g
@@ -258,7 +249,7 @@ def test_segment_graphs_equal_what_mxnet_reads_from_their_json(net, request) -> 
     """Sub-graphs are built as Graph IR in the segment model's own node order; their
     simulated bytes must equal those of the graph MXNet itself reads back from the
     segment's symbol JSON (its shape inference, its node and argument order)."""
-    from mxmirror import memory, mxnet_adapter, training_graph
+    from mxmirror.sim import memory_plan, training_graph
 
     _, _, prep = request.getfixturevalue(net)
     sg = segment_chain(prep.analysis).segments
@@ -266,11 +257,11 @@ def test_segment_graphs_equal_what_mxnet_reads_from_their_json(net, request) -> 
     for seg in sg.segments:
         if seg.structure in seen:  # templates of one structure have one graph
             continue
-        mine = memory.simulate(training_graph.build(seg.graph, set()))
-        read = mxnet_adapter.load_graph(seg.json, sg.slot_shapes[seg.key],
+        mine = memory_plan.simulate(training_graph.build(seg.graph, set()))
+        read = load_graph(seg.json, sg.slot_shapes[seg.key],
                                         type_dict=sg.slot_types[seg.key],
                                         grad_req=sg.slot_req[seg.key])
-        theirs = memory.simulate(training_graph.build(read, set()))
+        theirs = memory_plan.simulate(training_graph.build(read, set()))
         seen[seg.structure] = (mine.total_bytes, mine.block_bytes) == (theirs.total_bytes,
                                                                  theirs.block_bytes)
     assert len(seen) >= 3 and all(seen.values())

@@ -22,6 +22,7 @@ import json
 import logging
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import mxnet as mx
@@ -30,10 +31,11 @@ import pytest
 
 import mxmirror
 from mxmirror.api import prepare
-from mxmirror.device_memory import resident_bytes
-from mxmirror.planners import STRATEGIES
+from mxmirror.ir.graph import resident_bytes
+from mxmirror.planning.registry import STRATEGIES
 from symbols.chain import conv_chain
 from tests import mkldnn_off
+from tests.helpers import assert_same
 
 ROOT = Path(__file__).resolve().parents[1]
 MKLDNN = mkldnn_off.MKLDNN
@@ -110,9 +112,7 @@ def _same(a: dict, b: dict, what: str, shared_weights: bool = False) -> None:
     segmented executor cannot sum them in MXNet's own order (grad_sums), and float sums
     depend on the order (measured on the LM below: at most 0.25 ulp of the largest
     parameter)."""
-    assert set(a) == set(b), what
-    bad = [k for k in a if not _equal(a[k].asnumpy(), b[k].asnumpy(), shared_weights)]
-    assert not bad, f"{what} differ: {bad[:5]}"
+    assert_same(a, b, what, partial(_equal, shared_weights=shared_weights))
 
 
 def _equal(x, y, shared_weights: bool = False) -> bool:
@@ -280,7 +280,7 @@ def _zoo(name):
 def test_executor_every_gradient(net) -> None:
     """grad_req write for every argument (labels and data too): all of grad_dict, outputs
     and aux_dict equal over two steps; the label's gradient stays what MXNet leaves it."""
-    from mxmirror.executor import SegmentedExecutor
+    from mxmirror.runtime.segmented.executor import SegmentedExecutor
 
     if net == "cnn":
         sym, shapes = deep_cnn(), {"data": (BATCH, 3, 8, 8), "softmax_label": (BATCH,)}

@@ -15,9 +15,10 @@ from pathlib import Path
 import mxnet as mx
 import pytest
 
-from mxmirror import cli, viz
 from mxmirror.api import prepare
 from mxmirror.errors import PlanError
+from mxmirror.frontends import cli
+from mxmirror.tools import viz
 
 HAS_DOT = shutil.which("dot") is not None
 _NODE = re.compile(r'^\s*(g\d+) \[(.*)\];$')

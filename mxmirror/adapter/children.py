@@ -1,0 +1,83 @@
+"""Child Python processes that run mxmirror: the one runner, and what their output says.
+
+mxmirror binds in children whenever the parent must not pay for it: learning backward
+templates (MXNET_MEM_PLAN_VERBOSE_LOGGING is read once per process), MXNet's figure of a
+big graph (a bind leaves ~0.5 GB resident), a switch such as MXNET_BACKWARD_DO_MIRROR.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+_TOTAL_RE = re.compile(r"Total (\d+) MB allocated")
+_PKG_PARENT = str(Path(__file__).resolve().parents[2])
+
+
+class ChildFailed(Exception):
+    """A child process exited with an error; ``tail`` is its last line of stderr."""
+
+    def __init__(self, returncode: int, tail: str) -> None:
+        super().__init__(tail)
+        self.returncode, self.tail = returncode, tail
+
+
+def run_child(module: str, *args: str, stdin: str = "", **settings: str) -> str:
+    """Run ``python -m module args`` with `stdin` in child_env(**settings) and return its
+    stdout; ChildFailed (with its last stderr line) if it fails."""
+    proc = subprocess.run([sys.executable, "-m", module, *args], input=stdin,
+                          capture_output=True, text=True, env=child_env(**settings))
+    if proc.returncode != 0:
+        raise ChildFailed(proc.returncode, _tail(proc.stderr))
+    return proc.stdout
+
+
+def last_json(stdout: str) -> Any:
+    """The JSON value on a child's last line of output (ValueError if there is none)."""
+    lines = stdout.strip().splitlines()
+    if not lines:
+        raise ValueError("no output")
+    return json.loads(lines[-1])
+
+
+def _tail(stderr: str) -> str:
+    return (stderr.strip().splitlines() or ["no output"])[-1][:300]
+
+
+def child_env(**settings: str) -> dict[str, str]:
+    """The environment of a child running mxmirror: this package importable, MXNet's
+    subgraph chatter off, the mirror switch off unless given, plus `settings`."""
+    env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE="0")
+    for key in ("MXNET_BACKWARD_DO_MIRROR", "MXNET_MEM_PLAN_VERBOSE_LOGGING"):
+        env.pop(key, None)
+    env.update(settings)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_PARENT, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def allocated_mb(debug_str: Any) -> list[int]:
+    """Every ``Total X MB allocated`` in an executor's debug_str (or its text), in MB."""
+    text = debug_str if isinstance(debug_str, str) else debug_str.debug_str()
+    return [int(m) for m in _TOTAL_RE.findall(text)]
+
+
+# MXNet's "[09:38:08] ../src/operator/nn/convolution.cc:151: " inside its messages
+_LOG_PREFIX = re.compile(r"\[\d\d:\d\d:\d\d\]\s*\S+:\d+:\s*")
+
+
+def error_line(exc: BaseException | str) -> str:
+    """The one informative line of an MXNet error (no stack trace, no log prefix)."""
+    text = exc if isinstance(exc, str) else str(exc)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    lines = [ln for ln in lines if "Stack trace" not in ln and not ln.startswith(
+        ("Traceback", "File ", "simple_bind error", "infer_type error", "infer_shape error"))]
+    for ln in lines:
+        if "Check failed" in ln or "Error" in ln:
+            return _LOG_PREFIX.sub("", ln)[:300]
+    name = exc if isinstance(exc, str) else type(exc).__name__
+    return _LOG_PREFIX.sub("", lines[0] if lines else name)[:300]

@@ -1,0 +1,77 @@
+"""MXNet itself, and a Symbol from what a user gives (a Symbol, JSON text or a file)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mxmirror.adapter.children import error_line
+from mxmirror.errors import PlanError
+
+
+def load_mxnet():
+    try:
+        import mxnet as mx
+    except ImportError as exc:  # pragma: no cover - install problem
+        raise PlanError("MXNet is not installed: pip install 'mxmirror[cpu]'") from exc
+    return mx
+
+
+def load_symbol(source: Any):
+    """An mx.sym.Symbol from a Symbol, a JSON string or a path to a JSON file."""
+    mx = load_mxnet()
+    if isinstance(source, mx.sym.Symbol):
+        return source
+    if not isinstance(source, (str, bytes, Path)):
+        raise PlanError(f"expected an mx.sym.Symbol, symbol JSON text or a path to a "
+                        f"-symbol.json file, not {type(source).__name__}")
+    if isinstance(source, bytes):
+        try:
+            source = source.decode()
+        except UnicodeDecodeError:
+            raise PlanError("symbol JSON bytes are not UTF-8 text") from None
+    if not str(source).strip():
+        raise PlanError("the symbol is empty: give an mx.sym.Symbol, its JSON text or a path")
+    text = None
+    if isinstance(source, Path) or not str(source).lstrip().startswith(("{", "[")):
+        path = Path(source)
+        if not path.exists():
+            raise PlanError(f"symbol file not found: {path}")
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PlanError(f"cannot read symbol file {path}: {exc}") from None
+    else:
+        text = str(source)
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict) or "nodes" not in data or "heads" not in data:
+            raise ValueError("no 'nodes'/'heads'")
+        if not isinstance(data["nodes"], list) or not data["nodes"]:
+            raise ValueError("no nodes")
+        if not isinstance(data["heads"], list) or not data["heads"]:
+            raise ValueError("no heads: the symbol has no output")
+    except ValueError as exc:
+        raise PlanError(f"not an MXNet symbol JSON ({exc}); save one with sym.save()") from None
+    try:
+        return mx.sym.load_json(text)
+    except Exception as exc:  # MXNetError
+        raise PlanError(f"MXNet cannot load the symbol: {error_line(exc)}") from None
+
+
+# Ops whose body is a subgraph (mx.sym.contrib.foreach / while_loop / cond). mxmirror
+# learns every op's backward by binding it alone in a child process; a subgraph op
+# cannot be learned that way, so such symbols are refused (they are never split).
+CONTROL_FLOW = {"_foreach", "_while_loop", "_cond"}
+
+
+def check_supported(symbol_json: str) -> None:
+    """Refuse graphs mxmirror cannot simulate: control flow and other subgraph ops."""
+    data = json.loads(symbol_json)
+    for node in data["nodes"]:
+        if node.get("op") in CONTROL_FLOW or node.get("subgraphs"):
+            raise PlanError(
+                f"node {node.get('name')!r} is a control-flow op ({node.get('op')}, from "
+                f"mx.sym.contrib.foreach/while_loop/cond) with a subgraph; mxmirror cannot "
+                f"plan through it. Bind this symbol without mxmirror, or unroll the loop")

@@ -1,0 +1,347 @@
+"""The mxmirror command: plan, memory, viz, fit, run, demo.
+
+Bad input ends with exit code 2 and one last stderr line ``mxmirror: error: ...``;
+MXNet's own log noise is kept out of error output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import sys
+from pathlib import Path
+
+from mxmirror.adapter.figure import mxnet_mb_many
+from mxmirror.adapter.symbol import load_symbol
+from mxmirror.errors import PlanError
+
+EXIT_BAD_INPUT = 2
+EXIT_BROKEN_PIPE = 128 + 13  # as a process ended by SIGPIPE (13) reports itself to the shell
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows each option's default, where it has one."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, [], False):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> None:  # argparse's own errors: same contract
+        self.print_usage(sys.stderr)
+        raise PlanError(message)
+
+
+def _shape(text: str) -> tuple[str, tuple[int, ...]]:
+    if "=" not in text:
+        raise PlanError(f"--shape takes NAME=D0,D1,..., e.g. data=32,3,224,224; got {text!r}")
+    name, dims = text.split("=", 1)
+    try:
+        shape = tuple(int(d) for d in dims.replace("x", ",").split(",") if d.strip())
+    except ValueError:
+        raise PlanError(f"--shape {text!r}: dimensions must be integers") from None
+    if not shape or any(d <= 0 for d in shape):
+        raise PlanError(f"--shape {text!r}: dimensions must be positive integers")
+    return name.strip(), shape
+
+
+def _dtype(args) -> dict[str, str] | None:
+    if not args.dtype:
+        return None
+    out = {}
+    for item in args.dtype:
+        name, _, dt = item.rpartition("=")
+        for n in ([name] if name else [k for k, _ in map(_shape, args.shape)]):
+            out[n] = dt
+    return out
+
+
+def _plan_options(p: argparse.ArgumentParser) -> None:
+    """--policy and --budget, with the policy names of the one registry."""
+    from mxmirror.planning.registry import NEEDS_BUDGET, POLICIES
+
+    p.add_argument("--policy", default="sqrt", choices=list(POLICIES),
+                   help="what to recompute (default: %(default)s)")
+    p.add_argument("--budget", default=None, metavar="SIZE",
+                   help=f"memory budget such as 800MB or 1.5GB; required by --policy "
+                        f"{' and '.join(NEEDS_BUDGET)}, optional for auto (default: the free "
+                        f"memory), taken by no other policy (no default)")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("symbol", help="symbol JSON file (sym.save())")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,...",
+                   help="input shape; repeat for each input (at least the data input)")
+    p.add_argument("--dtype", action="append", default=[], metavar="[NAME=]DTYPE",
+                   help="input dtype (default float32); without NAME: every shaped input")
+    _plan_options(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="mxmirror", description="Sublinear-memory plans for MXNet 1.9.1.")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    p = sub.add_parser("plan", help="plan a symbol and print or save the planned symbol")
+    _common(p)
+    p.add_argument("--out", metavar="PLANNED.json", help="write the planned symbol JSON here")
+    p = sub.add_parser("memory", help="simulated MB per strategy and MXNet's own figure")
+    _common(p)
+    p.add_argument("--no-bind", action="store_true", help="skip MXNet's own figure")
+    p = sub.add_parser("viz", help="draw the plan (graphviz) and its memory timeline")
+    _common(p)
+    p.add_argument("-o", "--output", help="graph drawing: FILE.dot|.gv|.svg|.pdf|.png")
+    p.add_argument("--collapse", default="none", metavar="MODE",
+                   help="none (every op node), block (one box per residual unit / LSTM "
+                        "step), segment (one box per segment), prefix:N (one box per run "
+                        "of names sharing their first N '_' parts)")
+    p.add_argument("--timeline", metavar="FILE.png",
+                   help="also plot live memory over the training step, no plan vs the plan")
+    p = sub.add_parser("fit", help="the largest batch (or depth) that fits a memory size, "
+                                   "per policy")
+    p.add_argument("symbol", nargs="?", help="symbol JSON file (sym.save()); or --depth")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=N,D1,...",
+                   help="input shape with the batch written as N; repeat for each input")
+    p.add_argument("--dtype", action="append", default=[], metavar="[NAME=]DTYPE")
+    p.add_argument("--memory", required=True, help="memory to fit in, e.g. 12GB")
+    p.add_argument("--policy", help="one policy (default: none, cheap, sqrt, search, "
+                                    "recursive, multilevel)")
+    p.add_argument("--depth", metavar="NETWORK", help="instead of a batch: the deepest "
+                   "network of symbols/ that fits: resnet (bottleneck, depth 3k+2; CIFAR "
+                   "layout for --image <= 32) or lstm (the paper's 4x1024, by unroll length)")
+    p.add_argument("--batch", type=int, default=32, help="batch for --depth (default 32)")
+    p.add_argument("--image", type=int, default=224, help="image side for --depth resnet")
+    p.add_argument("--json", action="store_true", help="print a JSON list, one object per "
+                                                       "policy")
+    p = sub.add_parser("run", help="run SCRIPT.py [ARGS...] with every bind planned",
+                       description="Run SCRIPT.py as `python SCRIPT.py ARGS...` would, with "
+                                   "every Symbol.simple_bind/bind (and so Module, "
+                                   "BucketingModule) planned by the policy.")
+    _plan_options(p)
+    p.add_argument("script", metavar="SCRIPT.py", help="the unchanged training script")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                   help="the script's own arguments, passed on as they are")
+    p = sub.add_parser("demo", help="plan the paper's ResNet and LSTM, print the table")
+    p.add_argument("--out", default="mxmirror-demo", metavar="FOLDER",
+                   help="folder for the graph drawings and memory timelines")
+    p.add_argument("--quick", action="store_true", help="small networks (seconds)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command is None:
+            build_parser().print_help()
+            return EXIT_BAD_INPUT
+        code = COMMANDS[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler below
+        return code
+    except PlanError as exc:
+        print(f"mxmirror: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # the reader left (`mxmirror plan ... | head -1`): stop quietly
+        # Python would flush stdout again at exit and report the same error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _load(args):
+    from mxmirror.api import parse_budget
+
+    if not args.shape:
+        raise PlanError("give at least one --shape NAME=D0,D1,... for the data input")
+    shapes = dict(map(_shape, args.shape))
+    budget = parse_budget(args.budget)
+    sym = load_symbol(args.symbol)
+    return sym, shapes, _dtype(args), budget
+
+
+def cmd_plan(args) -> int:
+    from mxmirror.api import plan
+
+    sym, shapes, dtypes, budget = _load(args)
+    p = plan(sym, policy=args.policy, budget=budget, type_dict=dtypes, **shapes)
+    if args.out:
+        try:
+            Path(args.out).write_text(p.symbol.tojson())
+        except OSError as exc:
+            raise PlanError(f"cannot write {args.out}: {exc.strerror}") from None
+    if args.json:
+        print(json.dumps(p.to_dict()))
+    else:
+        print(p.summary())
+        print(f"checkpoints ({len(p.checkpoints)}): {', '.join(p.checkpoints[:20])}"
+              + (" ..." if len(p.checkpoints) > 20 else ""))
+        for note in p.notes:
+            print(f"note: {note}")
+        if args.out:
+            print(f"planned symbol written to {args.out}")
+    return 0
+
+
+def cmd_memory(args) -> int:
+    from mxmirror.api import plan
+    from mxmirror.sim import memory_plan, training_graph
+
+    sym, shapes, dtypes, budget = _load(args)
+    p = plan(sym, policy=args.policy, budget=budget, type_dict=dtypes, **shapes)
+    base = training_graph.build(p.graph, set())
+    sim = {s: memory_plan.simulate(base, s).mb for s in memory_plan.STRATEGIES}
+    sim["planned"] = p.planned_mb
+    out = {"policy": args.policy, "simulated_mb": {k: round(v, 3) for k, v in sim.items()}}
+    if not args.no_bind:
+        sharing = mxnet_mb_many([{
+            "symbol": p.source_json, "shapes": shapes, "type_dict": dtypes,
+            "grad_req": p.inputs.grad_req}])[0]
+        if p.execution.kind == "segmented":  # several executors on one pool: the whole
+            whole = p.execution.measure(p)
+            planned = whole["measured_mb"]["total"]
+            out["segmented_mb"] = {k: whole[k] for k in ("measured_mb", "predicted_mb")}
+        else:
+            planned = p.mxnet_mb()
+        out["mxnet_mb"] = {"sharing": sharing, "planned": planned}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{'strategy':<10} {'simulated MB':>13} {'MXNet MB':>9}")
+    for k in ("none", "inplace", "sharing", "planned"):
+        mx_mb = out.get("mxnet_mb", {}).get(k, "")
+        print(f"{k:<10} {sim[k]:>13.1f} {'-' if mx_mb is None else mx_mb!s:>9}")
+    return 0
+
+
+def cmd_viz(args) -> int:
+    from mxmirror.api import plan
+    from mxmirror.tools.viz import check_collapse, check_outputs, plot_plan, plot_timeline
+
+    if not args.output and not args.timeline:
+        raise PlanError("nothing to draw: give -o FILE.svg (the graph) and/or "
+                        "--timeline FILE.png (memory over the training step)")
+    check_outputs(args.output, args.timeline)
+    collapse = check_collapse(args.collapse)
+    sym, shapes, dtypes, budget = _load(args)
+    p = plan(sym, policy=args.policy, budget=budget, type_dict=dtypes, **shapes)
+    lines, written = [p.summary()], {}
+    if args.output:
+        path, note = plot_plan(p, args.output, collapse=collapse)
+        written["graph"] = str(path)
+        lines.append(f"wrote {path}" + (f" ({note})" if note else ""))
+        if note:
+            written["note"] = note
+    if args.timeline:
+        written["timeline"] = str(plot_timeline(p, args.timeline))
+        lines.append(f"wrote {written['timeline']}")
+    print(json.dumps(dict(p.to_dict(), written=written)) if args.json else "\n".join(lines))
+    return 0
+
+
+def _shape_template(text: str) -> tuple[str, tuple[int | str, ...]]:
+    """NAME=N,3,224,224: integers, and N where the batch goes."""
+    if "=" not in text:
+        raise PlanError(f"--shape takes NAME=N,D1,..., e.g. data=N,3,224,224; got {text!r}")
+    name, dims = text.split("=", 1)
+    out: list[int | str] = []
+    for d in (d.strip() for d in dims.split(",") if d.strip()):
+        if d.upper() == "N":
+            out.append("N")
+        elif d.isdigit() and int(d) > 0:
+            out.append(int(d))
+        else:
+            raise PlanError(f"--shape {text!r}: dimensions must be positive integers or N")
+    if not out:
+        raise PlanError(f"--shape {text!r}: no dimensions")
+    return name.strip(), tuple(out)
+
+
+def cmd_fit(args) -> int:
+    from mxmirror.api import parse_budget
+    from mxmirror.tools import fitting
+
+    try:
+        memory = parse_budget(args.memory)
+    except PlanError:
+        raise PlanError(f"--memory must be a size such as 12GB or 800MB, not "
+                        f"{args.memory!r}") from None
+    policies = (args.policy,) if args.policy else fitting.POLICIES
+    fitting.check_policies(policies)
+    if args.depth:
+        if args.symbol or args.shape:
+            raise PlanError("--depth searches a network of symbols/: give no SYMBOL or "
+                            "--shape with it")
+        if args.batch <= 0 or args.image <= 0:
+            raise PlanError("--batch and --image must be positive")
+        search = fitting.depth_search(args.depth, args.batch, args.image)
+        what = f"{args.depth}, batch {args.batch}"
+    else:
+        if not args.symbol:
+            raise PlanError("give a symbol JSON file, or --depth resnet|lstm")
+        if not args.shape:
+            raise PlanError("give --shape NAME=N,D1,... with the batch written as N")
+
+        sym = load_symbol(args.symbol)
+        search = fitting.batch_search(sym, dict(map(_shape_template, args.shape)), _dtype(args))
+        what = args.symbol
+    rows = [(p, *search.largest(p, memory)) for p in policies]
+    key = search.key
+    if args.json:  # nothing fits: size 0, with the figures at the smallest size tried
+        print(json.dumps([good.to_dict(key) if good else dict(bad.to_dict(key), **{key: 0})
+                          for _, good, bad in rows]))
+        return 0
+    print(f"{what}: the largest {key} that fits {memory / 2**20:.0f} MB, counting "
+          f"{fitting.COUNTED}")
+    print(f"{'policy':<11} {key:>8} {'planned MB':>11} {'total MB':>9} {'recompute':>10}"
+          f"  first {key} that does not fit")
+    for policy, good, bad in rows:
+        after = "-" if bad is None else (
+            f"{bad.value} ({bad.total_bytes / 2**20:.0f} MB)" if bad.planned_bytes
+            else f"{bad.value} (no plan within what the resident arrays leave)")
+        if good is None:
+            print(f"{policy:<11} {'none':>8} {'':>11} {'':>9} {'':>10}  {after}")
+        else:
+            print(f"{policy:<11} {good.value:>8} {good.planned_bytes / 2**20:>11.0f} "
+                  f"{good.total_bytes / 2**20:>9.0f} {good.recompute_ratio:>9.2f}x  {after}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from mxmirror.frontends.hook import enable
+    from mxmirror.planning.registry import resolve
+
+    resolve(args.policy, args.budget)
+    script = Path(args.script)
+    if not script.is_file():
+        raise PlanError(f"script not found: {script}")
+    enable(args.policy, args.budget)
+    sys.argv = [str(script), *args.args]
+    sys.path.insert(0, str(script.resolve().parent))
+    runpy.run_path(str(script), run_name="__main__")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from mxmirror.frontends.demo import run_demo
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise PlanError(f"--out {out} is a file; demo writes several drawings into a folder: "
+                        f"give a folder name (new or existing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PlanError(f"cannot make the folder --out {out}: {exc.strerror}") from None
+    return run_demo(out, quick=args.quick)
+
+
+COMMANDS = {"plan": cmd_plan, "memory": cmd_memory, "viz": cmd_viz, "fit": cmd_fit,
+            "run": cmd_run, "demo": cmd_demo}

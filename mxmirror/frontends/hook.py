@@ -1,0 +1,199 @@
+"""The bind-time flag: plan every Symbol.simple_bind / Symbol.bind, so unchanged
+training scripts (Module, BucketingModule, several contexts) train with the plan.
+
+Planning never breaks the user's run: if it fails, a warning says why and the
+unplanned bind goes ahead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+from mxmirror.adapter.symbol import load_mxnet
+from mxmirror.api import plan
+from mxmirror.errors import PlanError
+from mxmirror.ir.graph import normalize_grad_req
+from mxmirror.log import log
+from mxmirror.log import show as _show_log
+from mxmirror.planning.registry import resolve
+from mxmirror.runtime.aux_order import order_aux_updates
+from mxmirror.runtime.binds import UNHOOKED as _originals
+from mxmirror.runtime.plan import Plan
+from mxmirror.runtime.segmented.sharing import mxnet_bind
+
+_state: dict[str, Any] = {"policy": None, "budget": None}
+_plans: dict[str, Plan | None] = {}  # plan key -> plan (None: nothing to recompute)
+_failed: dict[str, str] = {}  # plan key -> why planning failed (warned once)
+
+
+def enable(policy: str = "sqrt", budget: Any = None) -> None:
+    """Plan every bind from now on (Symbol.simple_bind and Symbol.bind)."""
+    resolve(policy, budget)
+    _install()
+    _state.update(policy=policy, budget=budget)
+    from mxmirror.gluon import install
+
+    install(lambda: (_state["policy"], _state["budget"]))
+
+
+def disable() -> None:
+    """Stop planning binds."""
+    _state.update(policy=None, budget=None)
+
+
+@contextlib.contextmanager
+def enabled(policy: str = "sqrt", budget: Any = None) -> Iterator[None]:
+    """Plan every bind inside the block."""
+    saved = dict(_state)
+    enable(policy, budget)
+    try:
+        yield
+    finally:
+        _state.update(saved)
+
+
+def simple_bind(symbol: Any, ctx: Any, policy: str = "sqrt", budget: Any = None,
+                **kwargs: Any):
+    """Symbol.simple_bind with a plan; same arguments plus the plan's."""
+    _install()
+    p = _plan_for(symbol, policy, budget, kwargs.get("grad_req", "write"),
+                  kwargs.get("type_dict"), _shape_kwargs(kwargs), ctx, strict=True)
+    if p is None:
+        return order_aux_updates(mxnet_bind(_originals["simple_bind"], symbol, ctx, **kwargs))
+    return p.bind(ctx, symbol=symbol, **kwargs)
+
+
+def _shape_kwargs(kwargs: dict) -> dict:
+    named = {"grad_req", "type_dict", "stype_dict", "group2ctx", "shared_arg_names",
+             "shared_exec", "shared_buffer"}
+    return {k: v for k, v in kwargs.items() if k not in named}
+
+
+def _plan_for(symbol, policy, budget, grad_req, type_dict, shapes, ctx=None,
+              strict=False) -> Plan | None:
+    """The plan for `symbol` (cached per graph, shapes, grad_req and policy), or None when
+    there is nothing to plan or (unless strict) planning failed. Policy ``auto`` measures
+    the free memory of `ctx` at the first bind of the graph."""
+    if policy in (None, "none"):
+        return None
+    if grad_req == "null" or (isinstance(grad_req, dict)
+                              and all(v == "null" for v in grad_req.values())):
+        return None  # inference: nothing to recompute
+    key = None
+    try:
+        text = symbol.tojson()
+        key = hashlib.sha1(json.dumps([text, sorted((k, str(tuple(v) if isinstance(v, list) else v))
+                                              for k, v in shapes.items()),
+                                       grad_req, type_dict and sorted(type_dict.items()),
+                                       policy, str(budget)], default=str).encode()).hexdigest()
+        if key in _plans:
+            return _plans[key]
+        if key in _failed:  # warned once already; do not plan (or learn) again
+            return None
+        p = plan(symbol, policy=policy, budget=budget, type_dict=type_dict, grad_req=grad_req,
+                 ctx=ctx, **shapes)
+    except Exception as exc:  # never break the user's script
+        if strict:
+            raise
+        why = str(exc) if isinstance(exc, PlanError) else f"{type(exc).__name__}: {exc}"
+        if key is not None:
+            _failed[key] = why
+        warnings.warn(f"mxmirror: planning failed, binding unplanned: {why}", stacklevel=3)
+        return None
+    log.info("; ".join([p.summary(), *(p.notes if p.recomputed_ids else [])]))  # else in it
+    _plans[key] = p if p.recomputed_ids else None
+    return _plans[key]
+
+
+def _install() -> None:
+    """Wrap Symbol.simple_bind and Symbol.bind once."""
+    _show_log()
+    if _originals:
+        return
+    Symbol = load_mxnet().sym.Symbol
+    _originals["simple_bind"] = Symbol.simple_bind
+    _originals["bind"] = Symbol.bind
+
+    def simple_bind_hook(self, ctx, grad_req="write", type_dict=None, stype_dict=None,
+                         group2ctx=None, shared_arg_names=None, shared_exec=None,
+                         shared_buffer=None, **kwargs):
+        p = _plan_for(self, _state["policy"], _state["budget"], grad_req, type_dict, kwargs, ctx)
+        return _ordered(_bind_or_fall_back(
+            p, _originals["simple_bind"], self, ctx, grad_req=grad_req, type_dict=type_dict,
+            stype_dict=stype_dict, group2ctx=group2ctx, shared_arg_names=shared_arg_names,
+            shared_exec=shared_exec, shared_buffer=shared_buffer, **kwargs))
+
+    def bind_hook(self, ctx, args, args_grad=None, grad_req="write", aux_states=None,
+                  group2ctx=None, shared_exec=None):
+        p = None
+        try:
+            if _state["policy"] not in (None, "none") and args_grad is not None:
+                req, types, shapes = _bind_inputs(self, args, args_grad, grad_req)
+                p = _plan_for(self, _state["policy"], _state["budget"], req, types, shapes, ctx)
+        except Exception as exc:  # never break the user's script
+            warnings.warn(f"mxmirror: cannot read the bind arguments ({type(exc).__name__}: "
+                          f"{exc}); binding unplanned", stacklevel=2)
+        return _ordered(_bind_or_fall_back(p, _originals["bind"], self, ctx, args=args,
+                                           args_grad=args_grad, grad_req=grad_req,
+                                           aux_states=aux_states, group2ctx=group2ctx,
+                                           shared_exec=shared_exec))
+
+    Symbol.simple_bind = simple_bind_hook
+    Symbol.bind = bind_hook
+
+
+def _ordered(executor):
+    """While enabled (any policy, `none` too), BatchNorm statistics are ordered (aux_order)."""
+    return executor if _state["policy"] is None else order_aux_updates(executor)
+
+
+def _bind_inputs(self, args, args_grad, grad_req):
+    """grad_req, dtypes and shapes per argument, as Symbol.bind receives them."""
+    names = self.list_arguments()
+    arrays = args if isinstance(args, dict) else dict(zip(names, args))
+    grads = args_grad if isinstance(args_grad, dict) else dict(zip(names, args_grad))
+    req = normalize_grad_req(names, grad_req, lambda _: "null")  # as MXNet's own bind
+    if isinstance(grad_req, str):  # one string: no gradient where no array is given
+        req = {n: r if grads.get(n) is not None else "null" for n, r in req.items()}
+    shapes = {n: a.shape for n, a in arrays.items()}
+    types = {n: a.dtype.__name__ if hasattr(a.dtype, "__name__") else str(a.dtype)
+             for n, a in arrays.items()}
+    return req, types, shapes
+
+
+def _bind_or_fall_back(p: Plan | None, original, symbol, ctx, **kwargs):
+    """Bind the plan; should that fail, bind the user's own symbol (with a warning)."""
+    if p is None:
+        return mxnet_bind(original, symbol, ctx, **kwargs)
+    try:
+        return p.bind(ctx, symbol=symbol, **kwargs)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        warnings.warn(f"mxmirror: could not bind the planned symbol "
+                      f"({type(exc).__name__}: {first}); binding unplanned", stacklevel=3)
+        return mxnet_bind(original, symbol, ctx, **kwargs)
+
+
+def enable_from_env() -> None:
+    """MXMIRROR_POLICY / MXMIRROR_BUDGET switch the hook on for any process, once it imports
+    mxnet (mxmirror.startup). A bad value raises PlanError there: never a silent unplanned run."""
+    from mxmirror.frontends.startup import when_imported
+
+    if os.environ.get("MXMIRROR_POLICY"):
+        when_imported("mxnet", _enable_env)
+
+
+def _enable_env() -> None:
+    policy, budget = os.environ.get("MXMIRROR_POLICY"), os.environ.get("MXMIRROR_BUDGET")
+    try:
+        enable(policy, budget or None)
+    except PlanError as exc:
+        raise PlanError(f"MXMIRROR_POLICY={policy}"
+                        + (f" MXMIRROR_BUDGET={budget}" if budget else "")
+                        + f": {exc} (or unset MXMIRROR_POLICY)") from None

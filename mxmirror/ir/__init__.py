@@ -1,0 +1,1 @@
+"""The graph IR: the forward graph, op facts and backward templates, as plain values."""

@@ -1,0 +1,1 @@
+"""The segmented executor: a segment plan run as MXNet executors on one memory pool."""

@@ -1,0 +1,1 @@
+"""The segment model: a graph cut into a chain of segments, their schedule and cost."""

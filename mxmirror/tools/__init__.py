@@ -1,0 +1,1 @@
+"""Tools on a plan: drawings and timelines, the largest batch or depth that fits."""

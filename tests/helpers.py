@@ -1,0 +1,42 @@
+"""What several test files need: a child process's environment, MXNet's own figure of a bind
+in this process, and dicts of arrays compared name by name."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+from mxmirror.adapter.children import allocated_mb
+from tests.mkldnn_off import ROOT
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a child running this checkout's mxmirror: no MXMIRROR_* setting of
+    the caller's, MXNet's subgraph chatter off, `extra` on top."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MXMIRROR_")}
+    env["MXNET_SUBGRAPH_VERBOSE"] = "0"
+    env.update(extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def mxnet_mb(sym, shapes: dict, grad_req=None, type_dict: dict | None = None) -> int:
+    """MXNet's ``Total X MB allocated`` for a bind here (grad_req by default as Module binds:
+    no gradient for the shaped inputs)."""
+    import mxnet as mx
+
+    if grad_req is None:
+        grad_req = {a: ("null" if a in shapes else "write") for a in sym.list_arguments()}
+    ex = sym.simple_bind(mx.cpu(), grad_req=grad_req, type_dict=type_dict, **shapes)
+    return allocated_mb(ex)[0]
+
+
+def assert_same(a: dict, b: dict, what: str,
+                equal: Callable[[np.ndarray, np.ndarray], bool] = np.array_equal) -> None:
+    """The same names in both, None in both or arrays `equal` (bitwise by default)."""
+    assert set(a) == set(b), what
+    bad = [k for k in a if (a[k] is None) != (b[k] is None)
+           or (a[k] is not None and not equal(a[k].asnumpy(), b[k].asnumpy()))]
+    assert not bad, f"{what} differ: {bad[:5]}"
