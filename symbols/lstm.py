@@ -27,20 +27,10 @@ def _lstm_cell(
 ) -> tuple[mx.sym.Symbol, mx.sym.Symbol]:
     """One LSTM step written out from primitive ops; returns (next_c, next_h)."""
     p = f"t{t}_l{layer}"
-    i2h = mx.sym.FullyConnected(
-        data=indata,
-        weight=params["i2h_weight"],
-        bias=params["i2h_bias"],
-        num_hidden=num_hidden * 4,
-        name=f"{p}_i2h",
-    )
-    h2h = mx.sym.FullyConnected(
-        data=prev_h,
-        weight=params["h2h_weight"],
-        bias=params["h2h_bias"],
-        num_hidden=num_hidden * 4,
-        name=f"{p}_h2h",
-    )
+    i2h, h2h = (mx.sym.FullyConnected(data=x, weight=params[f"{w}_weight"],
+                                      bias=params[f"{w}_bias"], num_hidden=num_hidden * 4,
+                                      name=f"{p}_{w}")
+                for x, w in ((indata, "i2h"), (prev_h, "h2h")))
     gates = mx.sym.elemwise_add(i2h, h2h, name=f"{p}_gates")
     sliced = mx.sym.SliceChannel(gates, num_outputs=4, name=f"{p}_slice")
     in_gate = mx.sym.Activation(sliced[0], act_type="sigmoid", name=f"{p}_in_gate")
@@ -104,13 +94,8 @@ def paper_lstm(
     losses = []
     for t in range(seq_len):
         data = mx.sym.Variable(f"t{t}_data")
-        hidden = mx.sym.FullyConnected(
-            data=data,
-            weight=embed_weight,
-            no_bias=True,
-            num_hidden=num_embed,
-            name=f"t{t}_embed",
-        )
+        hidden = mx.sym.FullyConnected(data=data, weight=embed_weight, no_bias=True,
+                                       num_hidden=num_embed, name=f"t{t}_embed")
         for i in range(num_layers):
             if i > 0 and dropout > 0.0:
                 hidden = mx.sym.Dropout(hidden, p=dropout, name=f"t{t}_l{i}_dropout")
@@ -120,13 +105,8 @@ def paper_lstm(
             hidden = hs[i]
         if dropout > 0.0:
             hidden = mx.sym.Dropout(hidden, p=dropout, name=f"t{t}_cls_dropout")
-        fc = mx.sym.FullyConnected(
-            data=hidden,
-            weight=cls_weight,
-            bias=cls_bias,
-            num_hidden=num_classes,
-            name=f"t{t}_cls",
-        )
+        fc = mx.sym.FullyConnected(data=hidden, weight=cls_weight, bias=cls_bias,
+                                   num_hidden=num_classes, name=f"t{t}_cls")
         label = mx.sym.Variable(f"t{t}_label")
         if loss == "softmax_cross_entropy":
             # softmax_cross_entropy is an ordinary op; MakeLoss makes it a head

@@ -9,6 +9,8 @@ be compared with the ones the paper reports.  The CIFAR variant is the usual
 
 from __future__ import annotations
 
+from typing import Any
+
 import mxnet as mx
 
 _ACTS = ("relu", "leaky")
@@ -231,25 +233,10 @@ def units_for_depth(
     return scaled
 
 
-def resnet_by_depth(
-    depth: int,
-    bottleneck: bool = True,
-    num_classes: int = 1000,
-    image_shape: tuple[int, int, int] = (3, 224, 224),
-    act: str = "relu",
-    base_filter: int | None = None,
-    memonger_tags: bool | str = False,
-    workspace: int = 512,
-) -> mx.sym.Symbol:
-    """Build the residual net of a conventional depth (see ``units_for_depth``)."""
+def resnet_by_depth(depth: int, bottleneck: bool = True,
+                    image_shape: tuple[int, int, int] = (3, 224, 224),
+                    **options: Any) -> mx.sym.Symbol:
+    """Build the residual net of a conventional depth (see ``units_for_depth``); `options`
+    as ``resnet`` takes them (num_classes, act, base_filter, memonger_tags, workspace)."""
     units = units_for_depth(depth, bottleneck=bottleneck, imagenet=image_shape[1] > 32)
-    return resnet(
-        units,
-        bottleneck=bottleneck,
-        num_classes=num_classes,
-        image_shape=image_shape,
-        act=act,
-        base_filter=base_filter,
-        memonger_tags=memonger_tags,
-        workspace=workspace,
-    )
+    return resnet(units, bottleneck=bottleneck, image_shape=image_shape, **options)
