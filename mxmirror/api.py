@@ -96,7 +96,7 @@ def prepare(symbol: Any, type_dict: dict[str, str] | None = None, grad_req: Any 
         raise PlanError("nothing is trained: no argument gets a gradient, so there is no "
                         "backward pass to plan")
     source = strip_json(sym.tojson())
-    graph = load_graph(source, shapes, type_dict=type_dict, grad_req=grad_req)
+    graph = load_graph(sym, shapes, type_dict=type_dict, grad_req=req, strip=True)
     inputs = BindInputs({k: tuple(v) for k, v in shapes.items()},
                         dict(type_dict) if type_dict else None, req)
     return Prepared(Analysis(graph), source, inputs)

@@ -28,6 +28,7 @@ from mxmirror.ir.graph import (
     module_default,
     normalize_grad_req,
 )
+from mxmirror.ir.symbol_json import MIRROR_KEY
 from mxmirror.ir.templates import TemplateTable
 from mxmirror.segments.subgraph import added_specs
 
@@ -64,8 +65,9 @@ def _parse_shapes(sym, shapes: dict[str, Any]) -> dict[str, tuple]:
 
 
 def load_graph(source: Any, shapes: dict[str, Any], type_dict: dict[str, str] | None = None,
-               grad_req: Any = None) -> Graph:
-    """Read a Symbol (object, JSON text or file) with input shapes into the Graph IR."""
+               grad_req: Any = None, strip: bool = False) -> Graph:
+    """Read a Symbol (object, JSON text or file) with input shapes into the Graph IR.
+    `strip`: leave out the mirror attributes a symbol may carry (the unplanned graph)."""
     load_mxnet()
     sym = load_symbol(source)
     shapes = _parse_shapes(sym, shapes)
@@ -80,7 +82,7 @@ def load_graph(source: Any, shapes: dict[str, Any], type_dict: dict[str, str] | 
                             f"{', '.join(sorted(_DTYPES))}")
     req = normalize_grad_req(sym.list_arguments(), grad_req, module_default(shapes))
     js = json.loads(sym.tojson())
-    check_supported(sym.tojson())
+    check_supported(js)
     internals = sym.get_internals()
     ijs = json.loads(internals.tojson())
     if [n["name"] for n in ijs["nodes"]] != [n["name"] for n in js["nodes"]]:
@@ -107,6 +109,8 @@ def load_graph(source: Any, shapes: dict[str, Any], type_dict: dict[str, str] | 
     nodes: list[Node] = []
     for i, jn in enumerate(js["nodes"]):
         attrs = dict(jn.get("attrs", jn.get("attr", jn.get("param", {}))) or {})
+        if strip:
+            attrs.pop(MIRROR_KEY, None)
         n_vis = visible[i]
         shp = [tuple(out_shapes[vis[(i, k)]]) for k in range(n_vis)]
         dts = [_dtype_name(out_types[vis[(i, k)]])

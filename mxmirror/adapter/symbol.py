@@ -66,9 +66,9 @@ def load_symbol(source: Any):
 CONTROL_FLOW = {"_foreach", "_while_loop", "_cond"}
 
 
-def check_supported(symbol_json: str) -> None:
-    """Refuse graphs mxmirror cannot simulate: control flow and other subgraph ops."""
-    data = json.loads(symbol_json)
+def check_supported(data: dict) -> None:
+    """Refuse graphs mxmirror cannot simulate (`data`: a symbol's JSON, read): control flow
+    and other subgraph ops."""
     for node in data["nodes"]:
         if node.get("op") in CONTROL_FLOW or node.get("subgraphs"):
             raise PlanError(
