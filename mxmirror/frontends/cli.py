@@ -15,9 +15,8 @@ from pathlib import Path
 
 from mxmirror.adapter.figure import mxnet_mb_many
 from mxmirror.adapter.symbol import load_symbol
-from mxmirror.errors import PlanError
+from mxmirror.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, PlanError
 
-EXIT_BAD_INPUT = 2
 EXIT_BROKEN_PIPE = 128 + 13  # as a process ended by SIGPIPE (13) reports itself to the shell
 
 
@@ -149,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mxmirror: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        return 130
+        print("mxmirror: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader left (`mxmirror plan ... | head -1`): stop quietly
         # Python would flush stdout again at exit and report the same error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
