@@ -210,6 +210,12 @@ def test_bucketing_module_all_buckets_planned(make) -> None:
         mod, (init, *outputs), params = _train_buckets(make, "sqrt")
     failures = [line for line in lines if "planning failed" in line]
     assert not failures, failures
+    # one line per bucket, saying which: its key and shapes
+    said = [re.match(r"mxmirror: bucket (\d+) data=(\S+) softmax_label=(\S+) policy=sqrt ",
+                     line) for line in lines]
+    assert all(said) and len(said) == len(BUCKETS), lines
+    assert sorted(m.groups() for m in said) == sorted(
+        (str(k), f"{LM_BATCH}x{k}", f"{LM_BATCH}x{k}") for k in BUCKETS), lines
     assert set(BUCKETS) <= set(mod._buckets)
     for key in BUCKETS:
         for ex in mod._buckets[key]._exec_group.execs:
@@ -251,6 +257,13 @@ def test_symbol_bind_with_explicit_arrays_is_planned() -> None:
     assert _mirrored(ex)
     assert np.allclose(out, base_out, rtol=RTOL, atol=ATOL)
     _assert_same(base_grads, grads, "gradients")
+
+
+def test_policy_none_says_the_hook_is_on() -> None:
+    with log_lines() as lines, mxmirror.enabled("none"):
+        _net().simple_bind(mx.cpu(), data=(BATCH, *SHAPE), softmax_label=(BATCH,))
+    assert lines == ["mxmirror: policy=none: the bind hook is on and plans nothing "
+                     "(BatchNorm statistics are ordered after each backward)"]
 
 
 def test_symbol_bind_without_grads_is_left_alone() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -209,6 +210,31 @@ def test_plan_text_output(files, capfd) -> None:
     assert rc == 0
     assert out.startswith("mxmirror: policy=cheap")
     assert "checkpoints" in out
+
+
+@pytest.mark.parametrize(("command", "batch", "small"), [
+    ("plan", 4, False), ("memory", 64, False), ("plan", 1, True)])
+def test_plan_and_memory_say_when_a_plan_pays(files, capfd, command, batch, small) -> None:
+    """The intermediates' share of training memory (arguments, gradients and aux states
+    are the rest: resident_bytes) and what the plan saves of it; under 10% says so (the FC
+    net at batch 1: its weights outweigh its activations)."""
+    from mxmirror.api import plan
+    from mxmirror.ir.graph import resident_bytes
+
+    sym = files["fc" if small else "resnet"]
+    shape = f"data={batch},32" if small else f"data={batch},3,32,32"
+    extra = ["--no-bind"] if command == "memory" else []
+    assert cli.main([command, str(sym), "--shape", shape, *extra]) == 0
+    out = capfd.readouterr().out
+    p = plan(str(sym), data=tuple(int(d) for d in shape[5:].split(",")))
+    total = p.baseline_bytes + sum(resident_bytes(p.graph))
+    share = re.search(r"of which intermediates \(activations and their gradients, what a plan "
+                      r"can shrink\) .* = (\d+)%; arguments ", out)
+    assert share and int(share.group(1)) == round(100 * p.baseline_bytes / total), out
+    saves = re.search(r"this plan saves .* = (\d+)% of it(: under 10%)?", out)
+    assert saves and int(saves.group(1)) == round(
+        100 * (p.baseline_bytes - p.planned_bytes) / total), out
+    assert bool(saves.group(2)) == small, out
 
 
 def test_plan_float16(files, tmp_path, capfd) -> None:

@@ -99,3 +99,13 @@ def test_progress_lines_with_stderr_a_pipe(tmp_path) -> None:
     assert "mxmirror: reading and analysing the graph: done, " in "\n".join(lines)
     gaps = [b - a for a, b in zip(at, at[1:len(progress_lines)])]
     assert max(gaps) < interval + 2.0, gaps  # slack: two shared cores
+
+
+def test_plan_time_counts_reading_and_analysing(monkeypatch) -> None:
+    monkeypatch.setattr(cache, "plans_dir", lambda: None)
+    prep = prepare(resnet_by_depth(8, bottleneck=False, num_classes=10,
+                                   image_shape=(3, 32, 32)), **SHAPES)
+    assert prep.seconds > 0
+    start = time.perf_counter()
+    p = prep.plan("sqrt")
+    assert prep.seconds < p.plan_seconds <= prep.seconds + time.perf_counter() - start

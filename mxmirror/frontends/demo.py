@@ -48,6 +48,7 @@ def run_demo(out: Path, quick: bool = False) -> int:
         print(f"== {title}", flush=True)
         plans = {}
         prepared = prepare(sym, grad_req="write", **shapes)
+        print(f"   read and analysed the graph in {prepared.seconds:.1f}s", flush=True)
         for policy in ("cheap", "sqrt"):
             t = time.perf_counter()
             plans[policy] = prepared.plan(policy)

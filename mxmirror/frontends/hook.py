@@ -38,6 +38,9 @@ def enable(policy: str = "sqrt", budget: Any = None) -> None:
     resolve(policy, budget)
     _install()
     _state.update(policy=policy, budget=budget)
+    if policy == "none":  # nothing is planned: still say the hook is on
+        log.info("mxmirror: policy=none: the bind hook is on and plans nothing (BatchNorm "
+                 "statistics are ordered after each backward)")
     from mxmirror.gluon import install
 
     install(lambda: (_state["policy"], _state["budget"]))
@@ -107,7 +110,11 @@ def _plan_for(symbol, policy, budget, grad_req, type_dict, shapes, ctx=None,
             _failed[key] = why
         log.warning(f"mxmirror: planning failed, binding unplanned: {why}")
         return None
-    log.info("; ".join([p.summary(), *(p.notes if p.recomputed_ids else [])]))  # else in it
+    line = "; ".join([p.summary(), *(p.notes if p.recomputed_ids else [])])  # else in it
+    if _state.get("bucket") is not None:  # which bucket of a BucketingModule binds
+        given = " ".join(f"{k}={'x'.join(map(str, v))}" for k, v in shapes.items())
+        line = line.replace("mxmirror: ", f"mxmirror: bucket {_state['bucket']} {given} ", 1)
+    log.info(line)
     _plans[key] = p if p.recomputed_ids else None
     return _plans[key]
 
@@ -147,6 +154,24 @@ def _install() -> None:
 
     Symbol.simple_bind = simple_bind_hook
     Symbol.bind = bind_hook
+    _watch_buckets(load_mxnet().mod.BucketingModule)
+
+
+def _watch_buckets(bucketing) -> None:
+    """While a BucketingModule binds a bucket, its key is known (for the log line)."""
+    def watching(method, key_of):
+        def call(self, *args, **kwargs):
+            saved = _state.get("bucket")
+            _state["bucket"] = key_of(self, *args, **kwargs)
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                _state["bucket"] = saved
+        return call
+
+    bucketing.bind = watching(bucketing.bind, lambda self, *a, **k: self._default_bucket_key)
+    bucketing.switch_bucket = watching(bucketing.switch_bucket,
+                                       lambda self, bucket_key, *a, **k: bucket_key)
 
 
 def _ordered(executor):
