@@ -100,10 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("viz", help="draw the plan (graphviz) and its memory timeline")
     _common(p)
     p.add_argument("-o", "--output", help="graph drawing: FILE.dot|.gv|.svg|.pdf|.png")
-    p.add_argument("--collapse", default="none", metavar="MODE",
-                   help="none (every op node), block (one box per residual unit / LSTM "
-                        "step), segment (one box per segment), prefix:N (one box per run "
-                        "of names sharing their first N '_' parts)")
+    p.add_argument("--collapse", default="auto", metavar="MODE",
+                   help="auto (every op node of a small graph, else one box per block, or "
+                        "per segment where blocks are still too many), none (every op "
+                        "node), block (one box per residual unit / LSTM step), segment (one "
+                        "box per segment), prefix:N (one box per run of names sharing "
+                        "their first N '_' parts)")
     p.add_argument("--timeline", metavar="FILE.png",
                    help="also plot live memory over the training step, no plan vs the plan")
     p = sub.add_parser("fit", help="the largest batch (or depth) that fits a memory size, "
@@ -231,7 +233,8 @@ def cmd_memory(args) -> int:
 
 def cmd_viz(args) -> int:
     from mxmirror.api import plan
-    from mxmirror.tools.viz import check_collapse, check_outputs, plot_plan, plot_timeline
+    from mxmirror.tools.timeline import plot_timeline
+    from mxmirror.tools.viz import check_collapse, check_outputs, plot_plan
 
     if not args.output and not args.timeline:
         raise PlanError("nothing to draw: give -o FILE.svg (the graph) and/or "
@@ -241,15 +244,20 @@ def cmd_viz(args) -> int:
     sym, shapes, dtypes, budget = _load(args)
     p = plan(sym, policy=args.policy, budget=budget, type_dict=dtypes, **shapes)
     lines, written = [p.summary()], {}
+    if args.timeline:
+        written["timeline"] = str(plot_timeline(p, args.timeline))
+        lines.append(f"wrote {written['timeline']}")
     if args.output:
         path, note = plot_plan(p, args.output, collapse=collapse)
+        if path.suffix != Path(args.output).suffix:  # no Graphviz: only the DOT source
+            print("\n".join(lines))
+            raise PlanError(f"cannot draw {args.output}: {note}; dot -T"
+                            f"{Path(args.output).suffix[1:]} {path} -o {args.output} draws it "
+                            f"once Graphviz is installed")
         written["graph"] = str(path)
         lines.append(f"wrote {path}" + (f" ({note})" if note else ""))
         if note:
             written["note"] = note
-    if args.timeline:
-        written["timeline"] = str(plot_timeline(p, args.timeline))
-        lines.append(f"wrote {written['timeline']}")
     print(json.dumps(dict(p.to_dict(), written=written)) if args.json else "\n".join(lines))
     return 0
 

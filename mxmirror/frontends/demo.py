@@ -8,7 +8,8 @@ from pathlib import Path
 
 from mxmirror.adapter.figure import mxnet_mb_many
 from mxmirror.api import prepare
-from mxmirror.tools.viz import plot_plan, plot_timeline
+from mxmirror.tools.timeline import plot_timeline
+from mxmirror.tools.viz import plot_plan
 
 
 def _networks(quick: bool):
