@@ -130,5 +130,9 @@ def test_python_versions_claimed_are_the_ones_required() -> None:
     assert cfg["options"]["python_requires"].replace(" ", "") == ">=3.9,<3.12"
     classifiers = re.findall(r"Python :: (3\.\d+)", cfg["metadata"]["classifiers"])
     assert classifiers == ["3.9", "3.10", "3.11"]
-    assert "Python 3.9-3.11" in (ROOT / "README.md").read_text()
+    for doc in (ROOT / "README.md", ROOT / "docs" / "quickstart.md"):
+        assert "Python 3.9-3.11" in doc.read_text(), doc
+    for doc in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:  # and no other range
+        ranges = re.findall(r"Python (3\.\d+) ?(?:-|to) ?(3\.\d+)", doc.read_text())
+        assert set(ranges) <= {("3.9", "3.11")}, (doc, ranges)
     assert (3, 9) <= sys.version_info[:2] <= (3, 11)
