@@ -387,8 +387,10 @@ which plan it is. Errors MXNet raises for the user's own symbol (e.g. inconsiste
 MXNet's, unchanged. `mxmirror.simple_bind(...)` is an explicit request and raises the
 `PlanError` instead. A policy or budget that cannot be used at all (an unknown policy,
 `budget`/`multilevel` without a budget, a budget for a policy that takes none) raises the
-`PlanError` from `enable`/`enabled`, and with `MXMIRROR_POLICY` from the script's
-`import mxnet`: a run that asked for a plan never trains unplanned with only a warning.
+`PlanError` from `enable`/`enabled`; with `MXMIRROR_POLICY` / `MXMIRROR_BUDGET` it ends the
+script at its `import mxnet` with one line `mxmirror: error: MXMIRROR_POLICY=...: ...` and
+exit code 2, no traceback: a run that asked for a plan never trains unplanned with only a
+warning.
 
 Control-flow ops (`_foreach`, `_while_loop`, `_cond`) are refused rather than treated
 as opaque: mxmirror learns every op's backward by binding it alone in a child process,
