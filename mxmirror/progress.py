@@ -33,14 +33,14 @@ class Task:
     def advance(self, n: int = 1) -> None:
         self.done += n
 
-    def status(self, finished: bool = False, bar: bool = False) -> str:
-        """'what: 3/12 ops, 25 s' ('what: done, ...' when finished; with `bar`, a bar and
-        the time left, estimated from the rate so far)."""
+    def status(self, end: str = "", bar: bool = False) -> str:
+        """'what: 3/12 ops, 25 s' ('what: done, ...' with `end` 'done'; with `bar`, a bar
+        and the time left, estimated from the rate so far)."""
         took = time.monotonic() - self.start
-        parts = ["done"] if finished else []
+        parts = [end] if end else []
         if self.total:
             count = f"{self.done}/{self.total} {self.unit}".rstrip()
-            if bar and not finished:
+            if bar and not end:
                 full = min(BAR, BAR * self.done // self.total)
                 count = f"[{'#' * full}{'.' * (BAR - full)}] {count}"
             parts.append(count)
@@ -64,13 +64,15 @@ def task(what: str, total: int | None = None, unit: str = "") -> Iterator[Task]:
         outermost = not _active
         _active.append(t)
     reporter = _Reporter(sys.stderr) if outermost else None
+    end = "stopped"  # unless the block gets to its end
     try:
         yield t
+        end = "done"
     finally:
         with _lock:
             _active.remove(t)
         if reporter is not None:
-            reporter.stop(t)
+            reporter.stop(t, end)
 
 
 @contextlib.contextmanager
@@ -120,11 +122,11 @@ class _Reporter:
             if tasks:
                 self._write(f"mxmirror: {_line(tasks, self.terminal)}")
 
-    def stop(self, outer: Task) -> None:
+    def stop(self, outer: Task, end: str) -> None:
         self.halt.set()
         self.thread.join()
         if self.wrote:
-            self._write("" if self.terminal else f"mxmirror: {outer.status(finished=True)}")
+            self._write("" if self.terminal else f"mxmirror: {outer.status(end)}")
 
     def _write(self, line: str) -> None:
         if self.terminal:  # redraw in place, cut to the terminal's width

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from mxmirror import progress
 from mxmirror.api import prepare
 from mxmirror.planning import cache
@@ -61,6 +63,17 @@ def test_a_line_at_every_interval_and_when_done(monkeypatch) -> None:
     assert len(lines) >= 3, lines
     assert lines[0] == "mxmirror: planning: 7, 0 s > learning: 1/4 ops, 0 s", lines
     assert lines[-1] == "mxmirror: planning: done, 7, 0 s", lines
+
+
+def test_work_that_fails_is_not_called_done(monkeypatch) -> None:
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    monkeypatch.setattr(progress, "INTERVAL", 0.05)
+    with pytest.raises(KeyboardInterrupt), progress.task("planning", unit="plans") as t:
+        t.advance(3)
+        time.sleep(0.2)
+        raise KeyboardInterrupt
+    assert stream.getvalue().splitlines()[-1] == "mxmirror: planning: stopped, 3 plans, 0 s"
 
 
 def test_terminal_bar_and_time_left(monkeypatch) -> None:
