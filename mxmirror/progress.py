@@ -2,8 +2,9 @@
 
 On a terminal, one status line redrawn in place from the first second (DELAY): what is
 being done, how far, a bar and the time left where the total is known. Anywhere else (a
-log file, CI, a pipe), one line at least every INTERVAL seconds on stderr saying the same,
-and a last line when the work is done. Work that ends sooner prints nothing. Tasks nest
+log file, CI, a pipe), one line at least every INTERVAL seconds on stderr saying the same
+(pieces of work that follow each other within GAP seconds count as one stretch), and a last
+line when the work is done. Work that ends sooner prints nothing. Tasks nest
 (planning > learning templates in a child): a line names them all, outermost first.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 DELAY = 0.5  # seconds before the terminal line shows (and between redraws)
 INTERVAL = 10.0  # seconds between lines when stderr is not a terminal
 BAR = 12  # characters of a bar
+GAP = 1.0  # seconds between two pieces of work that make them one stretch of work
 
 
 class Task:
@@ -54,6 +56,10 @@ class Task:
 
 _active: list[Task] = []
 _lock = threading.Lock()
+# work that follows other work within GAP seconds continues its stretch: the first line
+# comes INTERVAL after the stretch began or its last line (reading the graph for 8 s, then
+# planning, is not 18 s without a word)
+_quiet = {"since": 0.0, "ended": float("-inf")}
 
 
 @contextlib.contextmanager
@@ -63,6 +69,8 @@ def task(what: str, total: int | None = None, unit: str = "") -> Iterator[Task]:
     with _lock:
         outermost = not _active
         _active.append(t)
+        if outermost and t.start - _quiet["ended"] > GAP:
+            _quiet["since"] = t.start
     reporter = _Reporter(sys.stderr) if outermost else None
     end = "stopped"  # unless the block gets to its end
     try:
@@ -73,6 +81,7 @@ def task(what: str, total: int | None = None, unit: str = "") -> Iterator[Task]:
             _active.remove(t)
         if reporter is not None:
             reporter.stop(t, end)
+            _quiet["ended"] = time.monotonic()
 
 
 @contextlib.contextmanager
@@ -116,7 +125,10 @@ class _Reporter:
         self.thread.start()
 
     def _run(self) -> None:
-        while not self.halt.wait(DELAY if self.terminal else INTERVAL):
+        while True:
+            wait = DELAY if self.terminal else _quiet["since"] + INTERVAL - time.monotonic()
+            if self.halt.wait(max(wait, 0.0)):
+                return
             with _lock:
                 tasks = list(_active)
             if tasks:
@@ -138,5 +150,6 @@ class _Reporter:
             self.stream.write(text)
             self.stream.flush()
             self.wrote = bool(line)
+            _quiet["since"] = time.monotonic()
         except (OSError, ValueError):  # a closed stream: progress is not worth an error
             pass

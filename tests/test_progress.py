@@ -21,6 +21,12 @@ from tests.helpers import child_env
 SHAPES = {"data": (4, 3, 32, 32), "softmax_label": (4,)}
 
 
+@pytest.fixture(autouse=True)
+def _a_new_stretch_of_work(monkeypatch) -> None:
+    """Each test starts its own stretch (not within GAP of the test before)."""
+    monkeypatch.setitem(progress._quiet, "ended", float("-inf"))
+
+
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
@@ -63,6 +69,19 @@ def test_a_line_at_every_interval_and_when_done(monkeypatch) -> None:
     assert len(lines) >= 3, lines
     assert lines[0] == "mxmirror: planning: 7, 0 s > learning: 1/4 ops, 0 s", lines
     assert lines[-1] == "mxmirror: planning: done, 7, 0 s", lines
+
+
+def test_work_that_follows_work_keeps_the_rhythm(monkeypatch) -> None:
+    """Two pieces of work of 0.6 intervals each, one straight after the other (reading the
+    graph, then planning): a line comes within the second."""
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    monkeypatch.setattr(progress, "INTERVAL", 0.5)
+    for what in ("reading", "planning"):
+        with progress.task(what):
+            time.sleep(0.3)
+    lines = stream.getvalue().splitlines()
+    assert lines and lines[0].startswith("mxmirror: planning: "), lines
 
 
 def test_work_that_fails_is_not_called_done(monkeypatch) -> None:
