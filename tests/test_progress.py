@@ -110,7 +110,7 @@ def test_progress_lines_with_stderr_a_pipe(tmp_path) -> None:
     sym_file = tmp_path / "resnet20-symbol.json"
     resnet_by_depth(20, bottleneck=False, num_classes=10, image_shape=(3, 32, 32)).save(
         str(sym_file))
-    interval = 0.25
+    interval = 0.05  # planning here takes well over 0.2 s (100+ plans scored)
     code = (f"import sys; from mxmirror import progress; progress.INTERVAL = {interval}; "
             "from mxmirror.frontends.cli import main; sys.exit(main(sys.argv[1:]))")
     proc = subprocess.Popen([sys.executable, "-c", code, "plan", str(sym_file), "--shape",
