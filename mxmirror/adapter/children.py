@@ -12,8 +12,12 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
+import threading
 from pathlib import Path
 from typing import Any
+
+from mxmirror.progress import task
 
 _TOTAL_RE = re.compile(r"Total (\d+) MB allocated")
 _PKG_PARENT = str(Path(__file__).resolve().parents[2])
@@ -27,14 +31,52 @@ class ChildFailed(Exception):
         self.returncode, self.tail = returncode, tail
 
 
-def run_child(module: str, *args: str, stdin: str = "", **settings: str) -> str:
+PROGRESS_LINE = "mxmirror: one more done"  # a child's line on stdout: a unit of its work done
+
+
+def run_child(module: str, *args: str, stdin: str = "", what: str | None = None,
+              total: int | None = None, unit: str = "", **settings: str) -> str:
     """Run ``python -m module args`` with `stdin` in child_env(**settings) and return its
-    stdout; ChildFailed (with its last stderr line) if it fails."""
-    proc = subprocess.run([sys.executable, "-m", module, *args], input=stdin,
-                          capture_output=True, text=True, env=child_env(**settings))
-    if proc.returncode != 0:
-        raise ChildFailed(proc.returncode, _tail(proc.stderr))
-    return proc.stdout
+    stdout; ChildFailed (with its last stderr line) if it fails. While it runs, progress
+    reports `what` it does, counting the PROGRESS_LINE lines it prints of `total` `unit`s
+    (a child that prints none shows the time it has taken)."""
+    what = what or f"running {module} in a child process"
+    with task(what, total, unit) as done, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=err, text=True,
+                                env=child_env(**settings))
+        try:
+            feed = threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True)
+            feed.start()
+            out = []
+            for line in proc.stdout:
+                if line.rstrip("\n") == PROGRESS_LINE:
+                    done.advance()
+                else:
+                    out.append(line)
+            proc.wait()
+            feed.join()
+        except BaseException:  # Ctrl-C: the child goes too
+            proc.kill()
+            proc.wait()
+            raise
+        if proc.returncode != 0:
+            err.seek(0)
+            raise ChildFailed(proc.returncode, _tail(err.read()))
+    return "".join(out)
+
+
+def one_more_done() -> None:
+    """In a child: tell the parent's progress that one more unit of work is done."""
+    print(PROGRESS_LINE, flush=True)
+
+
+def _feed(pipe: Any, text: str) -> None:
+    try:
+        pipe.write(text)
+        pipe.close()
+    except (BrokenPipeError, OSError):  # the child ended early: its exit code says why
+        pass
 
 
 def last_json(stdout: str) -> Any:

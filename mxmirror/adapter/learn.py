@@ -20,7 +20,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mxmirror.adapter.children import ChildFailed, error_line, last_json, run_child
+from mxmirror.adapter.children import (
+    ChildFailed,
+    error_line,
+    last_json,
+    one_more_done,
+    run_child,
+)
 from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
 from mxmirror.ir.graph import INPUT, Graph, Node
@@ -84,6 +90,8 @@ def learn(specs: list[dict]) -> list[Template]:
     what = ", ".join(sorted({s["op"] for s in specs}))
     try:
         out = last_json(run_child("mxmirror.adapter.learn", stdin=json.dumps(specs),
+                                  what="learning backward templates from MXNet",
+                                  total=len(specs), unit="ops",
                                   MXNET_MEM_PLAN_VERBOSE_LOGGING="1"))
     except ChildFailed as exc:
         raise PlanError(f"could not learn the backward structure of {what} from MXNet (child "
@@ -260,6 +268,7 @@ def _child_main() -> None:
                 results.append(_learn_one(mx, spec, log.name))
             except Exception as exc:  # report, the parent turns it into a PlanError
                 results.append({"error": error_line(exc) or type(exc).__name__})
+            one_more_done()
     finally:
         os.dup2(saved, 2)
         os.unlink(log.name)
