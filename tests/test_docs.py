@@ -29,8 +29,6 @@ OWNED_ELSEWHERE = {
                           "issue owns docs/gluon.md)",
     ("docs/gluon.md", 1): "a fragment: net_d, net_g, loss and the data are not defined",
     ("docs/gluon.md", 2): "a fragment: planned, loss_fn, x and y are not defined",
-    ("docs/recursive.md", 0): "a fragment with a shell command and '...' inside (the "
-                              "recursive-plan docs are being rewritten)",
 }
 
 
