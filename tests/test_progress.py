@@ -44,6 +44,15 @@ def _plan(monkeypatch, stream, delay: float = 0.0) -> str:
 
 
 def test_terminal_line_counts_the_plans_scored(monkeypatch) -> None:
+    """Each plan scored takes 5 ms more here, so the planning outlasts the 10 ms DELAY on any
+    machine (CI once planned this network in less than that, and no line was drawn)."""
+    advance = progress.Task.advance
+
+    def slow_advance(self, n: int = 1) -> None:
+        time.sleep(0.005)
+        advance(self, n)
+
+    monkeypatch.setattr(progress.Task, "advance", slow_advance)
     out = _plan(monkeypatch, _Terminal(), delay=0.01)
     drawn = [d for d in out.split("\r") if d.startswith("mxmirror: planning (search, ")]
     assert drawn and "plans scored" in drawn[-1], out[-300:]
