@@ -23,7 +23,7 @@ from test_properties import SETTINGS, build, networks, shapes_for
 from mxmirror.api import prepare
 from mxmirror.ir import ops
 from mxmirror.planning.algorithm3 import segment_mirror
-from mxmirror.sim import memory_plan
+from mxmirror.sim import gradient_pass, memory_plan
 from mxmirror.sim.memory_plan import BAD, ELEMENT_BYTES, EXTERNAL
 
 
@@ -118,7 +118,7 @@ def reference_drop_unread(a, mirror: frozenset[int]) -> set[int]:
         nodes = v.template.nodes if v.template is not None else []
         read = (any(r[0] == "out" for tn in nodes for r in tn.inputs)
                 or any(c in present for c in a.graph.consumers.get(v.id, ())))
-        if v.op == "Dropout" or (not read and v.op in ops.MUST_WRITE):
+        if not gradient_pass.has_mirror_copy(v) or (not read and v.op in ops.MUST_WRITE):
             kept.discard(v.id)
         elif read or any(tn.control_fwd for tn in nodes):
             present.add(v.id)

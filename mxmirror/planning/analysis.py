@@ -15,7 +15,7 @@ from functools import cached_property
 
 from mxmirror.ir import ops
 from mxmirror.ir.graph import Graph, Node
-from mxmirror.sim import memory_plan, training_graph
+from mxmirror.sim import gradient_pass, memory_plan, training_graph
 from mxmirror.sim.compiled import CompiledTraining, Unsupported
 
 
@@ -242,8 +242,8 @@ class Analysis:
         run time, so those are not mirrored unless their copy is read. One pass in reverse
         topological order: a copy is read when the node's own backward reads its outputs or
         a consumer's copy is in the graph (a copy reads all its inputs' copies); a copy is in
-        the graph when it is read or a backward node depends on it. MXNet never copies
-        Dropout.
+        the graph when it is read or a backward node depends on it. A node MXNet makes no
+        copy of (``gradient_pass.has_mirror_copy``: Dropout) is dropped.
         """
         kept = set(mirror)
         present: set[int] = set()
@@ -261,7 +261,7 @@ class Analysis:
     def _copy_facts(self) -> list[tuple[int, bool, bool, bool | None, tuple[int, ...]]]:
         """Per op node, in reverse order: its id, whether its backward reads its outputs,
         whether its backward has a control dependency on it, whether it must write (None:
-        Dropout, never copied), its consumers (drop_unread's static facts)."""
+        MXNet makes no copy of it), its consumers (drop_unread's static facts)."""
         out = []
         consumers = self.graph.consumers
         for v in reversed(self.order):
@@ -269,7 +269,7 @@ class Analysis:
             nodes = tpl.nodes if tpl is not None else []
             out.append((v.id, any(r[0] == "out" for tn in nodes for r in tn.inputs),
                         any(tn.control_fwd for tn in nodes),
-                        None if v.op == "Dropout" else v.op in ops.MUST_WRITE,
+                        v.op in ops.MUST_WRITE if gradient_pass.has_mirror_copy(v) else None,
                         tuple(consumers.get(v.id, ()))))
         return out
 

@@ -88,7 +88,7 @@ def make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry],
         nd = graph.nodes[nid]
         flops += nd.flops
         ins = [ref(s, k, nid) for s, k in nd.inputs]
-        if nd.op == "Dropout":
+        if ops.replayed_with_mask(nd.op):
             src = graph.nodes[nd.inputs[0][0]]
             k = nd.inputs[0][1]
             mask = var(("mask", nid), src.shapes[k], src.dtypes[k], "null")
@@ -172,7 +172,7 @@ def added_specs(graph: Graph) -> list[Spec]:
              for s, k in graph.heads if not graph.nodes[s].is_variable}
     masked = {(tuple(graph.nodes[n.inputs[0][0]].shapes[n.inputs[0][1]]),
                graph.nodes[n.inputs[0][0]].dtypes[n.inputs[0][1]])
-              for n in graph.op_nodes if n.op == "Dropout"}
+              for n in graph.op_nodes if ops.replayed_with_mask(n.op)}
 
     def one(op: str, shapes: list, dtypes: list, out: list, attrs: dict | None = None) -> Spec:
         return {"op": op, "attrs": attrs or {}, "shapes": [list(x) for x in shapes],
