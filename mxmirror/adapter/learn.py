@@ -25,7 +25,7 @@ from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
 from mxmirror.ir.graph import INPUT, Graph, Node
 from mxmirror.ir.symbol_json import to_json
-from mxmirror.ir.templates import Template, TemplateNode
+from mxmirror.ir.templates import Template, TemplateNode, hidden_ref, shape_ref
 from mxmirror.planning.cache import cache_path, write_atomic
 
 
@@ -163,28 +163,6 @@ def _parse_debug_str(text: str) -> tuple[list[dict], list[tuple[str, int]]]:
     return nodes, outputs
 
 
-def _shape_ref(shape: tuple, in_shapes: list[tuple], out_shapes: list[tuple],
-               prefer_in: int | None = None) -> tuple:
-    if prefer_in is not None and prefer_in < len(in_shapes) and in_shapes[prefer_in] == shape:
-        return ("in", prefer_in)
-    for j, s in enumerate(in_shapes):
-        if s == shape:
-            return ("in", j)
-    for k, s in enumerate(out_shapes):
-        if s == shape:
-            return ("out", k)
-    return ("lit", shape)
-
-
-def _hidden_ref(shape: tuple, k: int, in_shapes: list[tuple], out_shapes: list[tuple]) -> tuple:
-    """A forward output's shape: like an earlier output first (a workspace, a mask), then
-    like an input (BatchNorm's mean and variance are like gamma), else literal."""
-    for j, s in enumerate(out_shapes[:k]):
-        if s == shape:
-            return ("out", j)
-    return _shape_ref(shape, in_shapes, [])
-
-
 def _template_from_bind(spec: dict, memlog: list[dict], dbg_nodes: list[dict],
                         dbg_outputs: list[tuple[str, int]], num_heads: int,
                         grad_inputs: list[int]) -> Template:
@@ -226,7 +204,7 @@ def _template_from_bind(spec: dict, memlog: list[dict], dbg_nodes: list[dict],
         outs = []
         for k, (e, shape) in enumerate(m["outputs"]):
             ref_of[e] = ("node", t, k)
-            outs.append(_shape_ref(shape, in_shapes, out_shapes, prefer_in=k))
+            outs.append(shape_ref(shape, in_shapes, out_shapes, prefer_in=k))
         cdeps = [names.index(c) if c in names else -1 for c in d["cdeps"]]
         tnodes.append(TemplateNode(
             op=d["op"], inputs=[ref_of[e] for e in m["inputs"]], out_shapes=outs,
@@ -239,7 +217,7 @@ def _template_from_bind(spec: dict, memlog: list[dict], dbg_nodes: list[dict],
         e = entry_of[(last_of[name], idx)]
         input_grads[j] = skipped_copy.get(e, ref_of.get(e))
     literal = any(s[0] == "lit" for n in tnodes for s in n.out_shapes)
-    hidden = [_hidden_ref(s, k, in_shapes, out_shapes) for k, s in enumerate(out_shapes)]
+    hidden = [hidden_ref(s, k, in_shapes, out_shapes) for k, s in enumerate(out_shapes)]
     literal = literal or any(s[0] == "lit" for s in hidden[spec["num_visible"]:])
     return Template(op=spec["op"], num_outputs=len(out_shapes),
                     num_visible=spec["num_visible"], nodes=tnodes, input_grads=input_grads,

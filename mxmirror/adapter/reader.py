@@ -16,7 +16,7 @@ from mxmirror.adapter.children import error_line
 from mxmirror.adapter.learn import TemplateStore, learn
 from mxmirror.adapter.symbol import check_supported, load_mxnet, load_symbol
 from mxmirror.errors import PlanError
-from mxmirror.ir import backward, ops
+from mxmirror.ir import arity, backward, ops
 from mxmirror.ir.graph import (
     AUX,
     DTYPE_BYTES,
@@ -151,11 +151,17 @@ def _dtype_name(t: Any) -> str:
 def learn_templates(graph: Graph) -> TemplateTable:
     """The templates of every op node of `graph` and of every node the segment model may
     add to its sub-graphs (``segments.subgraph.added_specs``), learned from MXNet where the
-    store lacks them (the second round learns literal templates at each node's shapes)."""
+    store lacks them (the second round learns literal templates at each node's shapes); a
+    variadic op at a new arity (a further bucket's Concat) is rewritten from the store's
+    (ir/arity.py), not learned."""
     st = store()
     specs = [backward.spec(graph, n) for n in graph.op_nodes] + added_specs(graph)
     for _ in range(2):
         pending = backward.missing(st.data, specs)
+        derived = arity.derive(st.data, pending)
+        if derived:
+            st.put_many(derived)
+            pending = {k: sp for k, sp in pending.items() if k not in derived}
         if not pending:
             break
         new = {}

@@ -44,10 +44,11 @@ MAX_BYTES = 256 * 2**20  # bytes of plan files kept at most
 
 @lru_cache(maxsize=1)
 def source_digest() -> str:
-    """Digest of the package's source: a plan is only reused by the code that made it."""
+    """Digest of the package's source (Python and the compiled planner's C): a plan is only
+    reused by the code that made it."""
     h = hashlib.sha256()
     root = Path(__file__).resolve().parents[1]
-    for f in sorted(root.rglob("*.py")):
+    for f in sorted([*root.rglob("*.py"), *root.rglob("*.c")]):
         h.update(str(f.relative_to(root)).encode())
         h.update(f.read_bytes())
     return h.hexdigest()
