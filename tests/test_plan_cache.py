@@ -10,10 +10,12 @@ import warnings
 import pytest
 
 from mxmirror.adapter.learn import TemplateStore, learned_by
+from mxmirror.adapter.reader import load_graph as load
 from mxmirror.api import prepare
 from mxmirror.planning import cache
 from mxmirror.planning.cache import cache_path
 from mxmirror.planning.registry import STRATEGIES
+from symbols.chain import conv_chain
 from symbols.resnet import resnet
 
 SHAPES = {"data": (4, 3, 32, 32), "softmax_label": (4,)}
@@ -65,6 +67,32 @@ def test_cached_plan_equals_fresh_plan(policy, budget, monkeypatch) -> None:
     monkeypatch.setattr(cache, "plans_dir", lambda: None)
     scratch = prepare(sym, **SHAPES).plan(policy, budget)
     assert _fields(scratch) == _fields(fresh)
+
+
+@pytest.mark.parametrize("policy,kind", [("search", "mirror"), ("recursive", "segmented")])
+def test_a_kept_plan_is_read_without_reading_the_graph(policy, kind, monkeypatch) -> None:
+    """mxmirror.plan of a kept plan reads the symbol and the file only (a restarted job, a
+    bucket seen before); its Plan says the same, and binds (a segmented one rebuilds its
+    segments from the graph then)."""
+    import mxnet as mx
+
+    import mxmirror
+    from mxmirror import api
+
+    sym, shapes = conv_chain(48), {"data": (8, 3, 16, 16), "softmax_label": (8,)}
+    fresh = mxmirror.plan(sym, policy=policy, **shapes)
+    assert fresh.execution.kind == kind
+    reads = []
+    monkeypatch.setattr(api, "load_graph", lambda *a, **k: reads.append(1) or load(*a, **k))
+    again = mxmirror.plan(sym, policy=policy, **shapes)
+    assert (again.to_dict() | {"plan_seconds": 0}) == (fresh.to_dict() | {"plan_seconds": 0})
+    assert (again.summary(), again.mirrored, again.notes) == (fresh.summary(), fresh.mirrored,
+                                                              fresh.notes)
+    assert reads == []
+    ex = again.bind(mx.cpu(), grad_req=again.inputs.grad_req, **shapes)
+    ex.forward(is_train=True)
+    ex.backward()
+    assert reads == ([1] if kind == "segmented" else [])
 
 
 def fresh_budget(budget):

@@ -43,8 +43,11 @@ def store() -> TemplateStore:
     return _store
 
 
-def _parse_shapes(sym, shapes: dict[str, Any]) -> dict[str, tuple]:
-    inputs = set(sym.list_arguments()) | set(sym.list_auxiliary_states())
+def parse_shapes(sym, shapes: dict[str, Any], arguments: list[str] | None = None
+                 ) -> dict[str, tuple]:
+    """The given input shapes as tuples of ints; PlanError for an unknown input or a bad
+    shape. `arguments`: sym.list_arguments(), where the caller has it."""
+    inputs = set(arguments or sym.list_arguments()) | set(sym.list_auxiliary_states())
     out = {}
     for name, shape in shapes.items():
         if name not in inputs:
@@ -70,7 +73,7 @@ def load_graph(source: Any, shapes: dict[str, Any], type_dict: dict[str, str] | 
     `strip`: leave out the mirror attributes a symbol may carry (the unplanned graph)."""
     load_mxnet()
     sym = load_symbol(source)
-    shapes = _parse_shapes(sym, shapes)
+    shapes = parse_shapes(sym, shapes)
     type_dict = {name: _dtype_name(dt) for name, dt in (type_dict or {}).items()}
     inputs = set(sym.list_arguments()) | set(sym.list_auxiliary_states())
     for name, dt in type_dict.items():
