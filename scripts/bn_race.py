@@ -33,7 +33,7 @@ from provenance import generated_by
 
 import mxmirror
 from mxmirror.runtime import aux_order
-from mxmirror.runtime.segmented import executor
+from mxmirror.runtime.segmented import runner
 
 
 def network(layers: int, filters: int, classes: int = 10) -> mx.sym.Symbol:
@@ -53,11 +53,11 @@ def ordering(mode: str):
     real = aux_order.settle
     fake = {"on": real, "off": lambda arrays: None,
             "waitall": lambda arrays: mx.nd.waitall() if arrays else None}[mode]
-    aux_order.settle = executor.settle = fake
+    aux_order.settle = runner.settle = fake
     try:
         yield
     finally:
-        aux_order.settle = executor.settle = real
+        aux_order.settle = runner.settle = real
 
 
 def _iters(a) -> tuple[mx.io.NDArrayIter, mx.io.NDArrayIter]:
@@ -168,12 +168,12 @@ def _op_cost(mod, batch) -> tuple[int, float]:
         pushed.append(list(arrays))
         real(arrays)
 
-    aux_order.settle = executor.settle = counting
+    aux_order.settle = runner.settle = counting
     try:
         mod.forward_backward(batch)
         mod.update()
     finally:
-        aux_order.settle = executor.settle = real
+        aux_order.settle = runner.settle = real
     mx.nd.waitall()
     arrays = max(pushed, key=len)
     samples = []

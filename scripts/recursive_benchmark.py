@@ -118,7 +118,7 @@ def child_step(k: int, batch: int, policy: str, budget: str | None = None) -> No
            "peak_rss_mb": round(sampler.peak / MB, 1),
            "rss_above_start_mb": round((sampler.peak - sampler.start) / MB, 1),
            "step_seconds": round(min(times), 3)}
-    flops = getattr(ex, "forward_flops_run", None)
+    flops = ex.runner.forward_flops_run if hasattr(ex, "runner") else None
     if flops is not None:
         from mxmirror.api import prepare
 

@@ -16,7 +16,8 @@ import pytest
 import mxmirror
 from mxmirror.runtime import aux_order
 from mxmirror.runtime.binds import unhooked
-from mxmirror.runtime.segmented.executor import SegmentedExecutor, settle
+from mxmirror.runtime.segmented.executor import SegmentedExecutor
+from mxmirror.runtime.segmented.runner import settle
 from tests import mkldnn_off
 
 NO_MKLDNN = not mkldnn_off.MKLDNN

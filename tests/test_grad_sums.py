@@ -231,7 +231,7 @@ def test_in_place_gradients_have_no_slot() -> None:
     r = measure(sp, prep.source_json)
     assert abs(r["measured_mb"]["slots"] - r["predicted_mb"]["slots"]) < 0.01
     ex = SegmentedExecutor(sym, mx.cpu(), sp)
-    assert not any("grad of " + n in ex._slot_buffer for _, n in sg.grad_slots)
+    assert not any("grad of " + n in ex.templates.slot_buffer for _, n in sg.grad_slots)
     for seg in sg.segments:
         for n, key in seg.slots:
             if (seg.key, n) in sg.grad_slots:

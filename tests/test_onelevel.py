@@ -128,7 +128,7 @@ def test_coarse_schedules_train_like_mxnet(net) -> None:
                 if g is not None:
                     ref.arg_dict[k][:] -= LR * g
                     ex.arg_dict[k][:] -= LR * ex.grad_dict[k]
-        assert ex.peak_kept_bytes == sp.dry.peak_bytes
+        assert ex.runner.peak_kept_bytes == sp.dry.peak_bytes
 
 
 def test_without_mkldnn() -> None:

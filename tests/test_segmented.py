@@ -30,6 +30,7 @@ from mxmirror.errors import PlanError
 from mxmirror.planning import dp
 from mxmirror.planning.chains import segment_chain
 from mxmirror.runtime.segmented.executor import SegmentedExecutor
+from mxmirror.segments import schedule
 from mxmirror.segments.cost import dry_run, make_segment_plan, pool_blocks
 from mxmirror.segments.schedule import binary_tree, spine, store_all_tree
 from symbols.lstm import input_shapes, paper_lstm
@@ -120,7 +121,9 @@ def test_resnet_recursive_equals_unplanned(resnet) -> None:
     assert max(sp.dry.runs) >= 3  # several reruns
     ex = _train_and_compare(sym, shapes, sp)
     assert ex.aux_dict  # BatchNorm statistics were compared
-    assert ex.peak_kept_bytes == sp.dry.peak_bytes  # the dry run is what happens
+    # the dry run is what happens: both replay sp.operations
+    assert ex.runner.peak_kept_bytes == sp.dry.peak_bytes
+    assert ex.runner.forward_flops_run == STEPS * sp.dry.forward_flops
 
 
 def test_lstm_dropout_recursive_equals_unplanned(lstm) -> None:
@@ -192,6 +195,62 @@ def test_binary_tree_logarithmic() -> None:
         assert len(spine(tree, m)) == k + 1 - (k == 0)
         depth = _depth(tree, 0, m)
         assert depth == k
+
+
+def test_binary_tree_operations() -> None:
+    """The schedule is a list a user can print: the binary tree over 4 segments runs every
+    segment forward keeping cuts 2 and 3, backpropagates segment 4 on its live forward,
+    then each range from the state kept before it."""
+    Forward, Backward, Release = schedule.Forward, schedule.Backward, schedule.Release
+    ops = schedule.operations(binary_tree(4), 4)
+    print(*ops, sep="\n")
+    assert ops == [Forward(1), Forward(2, keep=True), Forward(3, keep=True), Forward(4),
+                   Backward(4, rerun=False), Release(3), Backward(3), Release(2),
+                   Forward(1, keep=True), Backward(2), Release(1), Backward(1)]
+    assert schedule.backward_start(ops) == 4
+    assert schedule.operations(store_all_tree(3), 3) == [
+        Forward(1, keep=True), Forward(2, keep=True), Forward(3), Backward(3, rerun=False),
+        Release(2), Backward(2), Release(1), Backward(1)]
+
+
+def _random_tree(m, rng):
+    tree, todo = {}, [(0, m)]
+    while todo:
+        s, e = todo.pop()
+        if e - s > 1:
+            tree[(s, e)] = mid = int(rng.randint(s + 1, e))
+            todo += [(s, mid), (mid, e)]
+    return tree
+
+
+def test_operations_run_from_states_that_exist() -> None:
+    """Any tree's operations: every forward runs from the state just made or a kept one,
+    every backward from a kept state (cut 0: the inputs), once per segment from the last,
+    each kept state dropped once, nothing kept at the end; the training forward is every
+    segment once, keeping the spine's states, and only its last segment is not rerun."""
+    rng = np.random.RandomState(0)
+    for m in range(1, 14):
+        for tree in [binary_tree(m), store_all_tree(m)] + [_random_tree(m, rng)
+                                                           for _ in range(20)]:
+            ops = schedule.operations(tree, m)
+            kept, last, backwards, start = {0}, 0, [], schedule.backward_start(ops)
+            for j, op in enumerate(ops):
+                if type(op) is schedule.Forward:
+                    assert op.segment - 1 in kept or op.segment - 1 == last, (tree, op)
+                    last = op.segment
+                    if op.keep:
+                        assert op.segment not in kept
+                        kept.add(op.segment)
+                elif type(op) is schedule.Backward:
+                    assert op.segment - 1 in kept, (tree, op)
+                    assert op.rerun == (j != start)
+                    backwards.append(op.segment)
+                    last = None
+                else:
+                    kept.remove(op.cut)
+            assert kept == {0} and backwards == list(range(m, 0, -1))
+            assert start == m and ops[:m] == [schedule.Forward(i, i in spine(tree, m))
+                                              for i in range(1, m + 1)]
 
 
 def _depth(tree, s, e):

@@ -103,6 +103,18 @@ class Graph:
         return [n for n in self.forward_order if not n.is_variable]
 
     @cached_property
+    def last_reads(self) -> dict[Entry, int]:
+        """Op output -> position in ``op_order`` of the last op node that reads it (absent:
+        no op reads it). What crosses a cut follows from it (planning, the segment model)."""
+        pos = {n.id: i for i, n in enumerate(self.op_order)}
+        last: dict[Entry, int] = {}
+        for i, n in enumerate(self.op_order):
+            for e in n.inputs:
+                if e[0] in pos:
+                    last[e] = i
+        return last
+
+    @cached_property
     def consumers(self) -> dict[int, list[int]]:
         """node id -> ids of the op nodes that read any of its outputs."""
         cons: dict[int, list[int]] = {n.id: [] for n in self.nodes}

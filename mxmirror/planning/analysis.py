@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from mxmirror.ir import ops
-from mxmirror.ir.graph import Entry, Graph, Node
+from mxmirror.ir.graph import Graph, Node
 from mxmirror.sim import memory_plan, training_graph
 from mxmirror.sim.compiled import CompiledTraining, Unsupported
 
@@ -71,21 +71,10 @@ class Analysis:
         return out
 
     @cached_property
-    def entry_last_use(self) -> dict[Entry, int]:
-        """Op output -> position of the last op node that reads it (absent: never read)."""
-        last: dict[Entry, int] = {}
-        pos = self.pos
-        for n in self.order:
-            for e in n.inputs:
-                if e[0] in pos:
-                    last[e] = max(last.get(e, -1), pos[n.id])
-        return last
-
-    @cached_property
     def last_use(self) -> dict[int, int]:
         """Op node id -> last position where any of its outputs is read (itself if none)."""
         last = {n.id: i for i, n in enumerate(self.order)}
-        for (src, _), end in self.entry_last_use.items():
+        for (src, _), end in self.graph.last_reads.items():
             last[src] = max(last[src], end)
         return last
 

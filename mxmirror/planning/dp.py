@@ -9,8 +9,8 @@ kept states. A leaf (s, s+1) re-runs its segment's forward then its backward;
 otherwise choose mid: run forward s+1..mid keeping only the state at mid
 (b_mid bytes), solve (mid, e) with M - b_mid, drop it, solve (s, mid) with M.
 The fixed costs (the executors' shared pool, staging slots, Dropout masks,
-boundary gradients) are added outside the DP; the chosen schedule is then
-walked by ``segments.dry_run`` and its exact peak checked against the budget.
+boundary gradients) are added outside the DP; the chosen schedule's operations are then
+replayed by ``segments.cost.dry_run`` and its exact peak checked against the budget.
 Memory is discretised into K levels (boundary sizes rounded up), so the
 result is optimal for the chain model up to that rounding.
 
@@ -134,7 +134,7 @@ def chains(a: Analysis, max_segments: int = MAX_SEGMENTS) -> list[SegmentPlan]:
 def recompute_floor(a: Analysis) -> float:
     """A recompute ratio no plan of curve(a) goes below: on every chain, each segment but
     the last runs its forward at least twice (the first pass, then again before its
-    backward: segments.walk_backward), store-all schedules included. Needs only each
+    backward: segments.schedule.operations), store-all schedules included. Needs only each
     chain's segment FLOPs: no segment or plan is built."""
     if not a.cuts:
         return float("inf")

@@ -4,14 +4,15 @@ and the memory of its executors (pool, slots, masks, statistics): ``SegmentPlan`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from math import prod
 from typing import Any
 
 from mxmirror.ir import backward
-from mxmirror.ir.graph import Entry, Graph, itemsize
+from mxmirror.ir.graph import Graph, itemsize
 from mxmirror.segments.cuts import build_segments
 from mxmirror.segments.model import Segments
-from mxmirror.segments.schedule import Driver, Tree, binary_tree, walk_backward, walk_forward
+from mxmirror.segments.schedule import Forward, Operation, Release, Tree, binary_tree, operations
 from mxmirror.sim import memory_plan, training_graph
 
 
@@ -26,63 +27,58 @@ class DryRun:
     runs: list[int] = field(default_factory=list)  # forward runs per segment
 
 
-class _DryDriver(Driver):
-    def __init__(self, sg: Segments) -> None:
-        self.sg = sg
-        self.held: dict[int, dict] = {}
-        self.grads: dict[Entry, int] = {}
-        self.flops = 0.0
-        self.runs = [0] * (sg.m + 1)
-        self.peak = self.peak_state = self.peak_grad = 0
-        self.live: int | None = None
-
-    def _note(self, *extra: dict) -> None:
-        alive: set = set()
-        for d in self.held.values():
-            alive |= set(d)
-        for d in extra:  # a one-hop value not held stays in its template's output
-            alive |= {e for e in d if e not in self.sg.one_hop}
-        sb = sum(self.sg.entry_bytes(e) for e in alive)
-        gb = sum(self.grads.values())
-        self.peak_state = max(self.peak_state, sb)
-        self.peak_grad = max(self.peak_grad, gb)
-        self.peak = max(self.peak, sb + gb)
-
-    def hold(self, state):
-        self.held[id(state)] = state
-
-    def release(self, state):
-        self.held.pop(id(state), None)
-
-    def fwd(self, i, state, first):
-        seg = self.sg.segments[i - 1]
-        self.flops += seg.flops
-        self.runs[i] += 1
-        new = {e: 1 for e in self.sg.crossing[i]}
-        self._note(state, new)
-        self.live = i
-        return new
-
-    def forward_backward(self, i, state):
-        seg = self.sg.segments[i - 1]
-        if self.live != i:
-            self.flops += seg.flops
-            self.runs[i] += 1
-        self.live = None
-        for e in seg.inputs:
-            if e not in self.sg.one_hop:
-                self.grads[e] = self.sg.entry_bytes(e)
-        self._note(state)
-        for e in seg.outputs:
-            self.grads.pop(e, None)
-
-
 def dry_run(sg: Segments, tree: Tree) -> DryRun:
-    """Walk the schedule without MXNet: FLOPs run and peak kept bytes (real dtype sizes)."""
-    drv = _DryDriver(sg)
-    stored = walk_forward(drv, tree, sg.m)
-    walk_backward(drv, tree, sg.m, stored)
-    return DryRun(drv.flops, drv.peak_state, drv.peak_grad, drv.peak, drv.runs[1:])
+    """Replay the schedule of `tree` (schedule.operations) without MXNet: FLOPs run and the
+    peak of kept bytes (real dtype sizes), counted where the executor counts them: at each
+    forward (the state it runs from and the one it gives, besides the held states) and at
+    each backward (its state; the gradients of its inputs added, those of its outputs
+    dropped after). A value only the next segment reads (one-hop) and not held stays in
+    its template's output and its gradient goes straight to its producer: not counted."""
+    size = {e: sg.entry_bytes(e) for c in sg.crossing for e in c}
+    free = [c - sg.one_hop for c in sg.crossing]  # per cut: the values counted when not held
+    held_count: dict = {}  # value -> held states holding it
+    held = grads = 0  # bytes of the held values; of the boundary gradients alive
+    grad_of: dict = {}  # value -> bytes of its gradient, alive
+    flops, runs = 0.0, [0] * (sg.m + 1)
+    peak = peak_state = peak_grad = 0
+
+    def note(values) -> None:
+        nonlocal peak, peak_state, peak_grad
+        state = held + sum(size[e] for e in values if e not in held_count)
+        peak_state, peak_grad = max(peak_state, state), max(peak_grad, grads)
+        peak = max(peak, state + grads)
+
+    for op in operations(tree, sg.m):
+        kind = type(op)
+        if kind is Release:
+            for e in sg.crossing[op.cut]:
+                n = held_count.pop(e) - 1
+                if n:
+                    held_count[e] = n
+                else:
+                    held -= size[e]
+            continue
+        seg = sg.segments[op.segment - 1]
+        if kind is Forward or op.rerun:
+            flops += seg.flops
+            runs[op.segment] += 1
+        if kind is Forward:
+            note(free[op.segment - 1] | free[op.segment])
+            if op.keep:
+                for e in sg.crossing[op.segment]:
+                    n = held_count.get(e, 0)
+                    if not n:
+                        held += size[e]
+                    held_count[e] = n + 1
+            continue
+        for e in seg.inputs:
+            if e not in sg.one_hop and e not in grad_of:
+                grad_of[e] = size[e]
+                grads += size[e]
+        note(free[op.segment - 1])
+        for e in seg.outputs:
+            grads -= grad_of.pop(e, 0)
+    return DryRun(flops, peak_state, peak_grad, peak, runs[1:])
 
 
 # ----------------------------------------------------------------- memory model
@@ -106,6 +102,12 @@ class SegmentPlan:
     def planned_bytes(self) -> int:
         return (self.pool_bytes + self.staging_bytes + self.mask_bytes + self.output_bytes
                 + self.statistics_bytes + self.dry.peak_bytes)
+
+    @cached_property
+    def operations(self) -> list[Operation]:
+        """The schedule as it runs (schedule.operations): what the dry run counted and the
+        segmented executor replays."""
+        return operations(self.tree, self.segments.m)
 
     def bind_order(self) -> list[str]:
         return sorted(self.template_bytes, key=lambda k: -self.template_bytes[k])
@@ -167,7 +169,7 @@ def staging_bytes(sg: Segments) -> int:
 def statistics_groups(sg: Segments) -> list[tuple[tuple, str, list[str]]]:
     """The auxiliary slots (BatchNorm statistics) the pool's owner holds, one per name, as
     (shape, dtype, names) groups, each padded to an even count with ``_pad<group>``: the
-    owner holds them as pairs of one BatchNorm op each (executor.SegmentedExecutor._owner),
+    owner holds them as pairs of one BatchNorm op each (runtime.segmented.pool.pool_owner),
     as with shared_exec MXNet takes every auxiliary state from the owner, by name."""
     aux: dict[str, tuple[tuple, str]] = {}
     by_name = sg.graph.by_name()

@@ -58,11 +58,8 @@ def _cut(graph: Graph, cuts: list[int], split: frozenset) -> Segments:
     for s in range(len(bounds) - 1):
         for p in range(bounds[s] + 1, bounds[s + 1] + 1):
             seg_of[order[p].id] = s + 1
-    last_reader: dict[Entry, int] = {}
-    for nd in order:
-        for src, k in nd.inputs:
-            if not graph.nodes[src].is_variable:
-                last_reader[(src, k)] = max(last_reader.get((src, k), 0), seg_of[nd.id])
+    # the segment of an entry's last reader (segments follow op positions)
+    last_reader = {e: seg_of[order[p].id] for e, p in graph.last_reads.items()}
     for nd in graph.nodes:
         if not nd.is_variable and ops.is_random(nd.op) and nd.op != "Dropout":
             raise PlanError(f"node {nd.name} ({nd.op}) draws random numbers: the segmented "

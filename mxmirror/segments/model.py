@@ -6,9 +6,10 @@ forward) cut the forward graph at chosen cuts into segments (``cuts``); each seg
 is a sub-graph (``subgraph``: inputs are the values crossing the cut before it and
 the original variables it reads; outputs the values crossing the cut after it and
 the graph heads it computes). Segments with the same structure and shapes share one
-template (one executor at run time). ``schedule`` says in which order segments run
-forward and backward, ``cost`` what that keeps, recomputes and allocates. All of it is
-planning: ``runtime.segmented`` runs it on MXNet.
+template (one executor at run time). ``schedule`` lists the operations a schedule runs
+(segment forwards and backwards, states kept and dropped), ``cost`` what they keep,
+recompute and allocate. All of it is planning: ``runtime.segmented`` replays the same
+operations on MXNet.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ the arrays of its BatchNorm ops that hold them), every slot array bound to a tem
 (shared activation slots once, each template's own parameter slots and gradients), the
 copies of the outputs, the Dropout masks, and the kept boundary values and
 gradients at their peak (measured over real steps when any are run, else the dry
-run of the same walker, which the tests check equals the measured peak).
+run of the same operations, which the tests check equals the measured peak).
 
 ``python -m mxmirror.runtime.segmented.measure JOB`` is the child: it reads the pickled
 segment plan, symbol and step count from JOB and prints one JSON object (MB, exact bytes).
@@ -25,31 +25,34 @@ from typing import Any
 
 from mxmirror.adapter.children import ChildFailed, allocated_mb, last_json, run_child
 from mxmirror.errors import PlanError
+from mxmirror.runtime.segmented.steps import array_bytes
 from mxmirror.segments.cost import pool_blocks
 
 
 def allocated_bytes(ex: Any) -> dict[str, int]:
     """Bytes of every array a bound SegmentedExecutor holds, by part (see module doc)."""
-    owner = ex.pool_owner
+    templates, runner = ex.templates, ex.runner
+    owner = templates.owner
     pool = statistics = 0
     if owner is not None:  # its first outputs are the pool's blocks, then the statistics'
         blocks = sum(1 for b in pool_blocks(ex.plan.template_blocks) if b)
-        pool = sum(_nbytes(a) for a in list(owner.outputs)[:blocks])
-        statistics = sum(_nbytes(a) for a in list(owner.outputs)[blocks:]
+        pool = sum(array_bytes(a) for a in list(owner.outputs)[:blocks])
+        statistics = sum(array_bytes(a) for a in list(owner.outputs)[blocks:]
                          + list(owner.arg_arrays) + list(owner.aux_arrays))
-    shared = sum(_nbytes(a) for a in ex._slot_buffer.values())
+    slots = templates.slot_buffer
+    shared = sum(array_bytes(a) for a in slots.values())
     own = 0
-    for key, t in ex.executors.items():
+    for key, t in templates.executors.items():
         for name, a in t.arg_dict.items():
-            lent = name in ex._slot_buffer or (key, name) in ex._user_bound
-            own += 0 if lent else _nbytes(a)
+            lent = name in slots or (key, name) in templates.user_bound
+            own += 0 if lent else array_bytes(a)
         for name, g in t.grad_dict.items():
-            lent = "grad of " + name in ex._slot_buffer or (key, name) in ex._grad_bound
-            own += 0 if g is None or lent else _nbytes(g)
-    masks = sum(_nbytes(a) for a in list(ex._ones.values()) + list(ex._masks.values()))
-    ran = ex.forward_flops_run > 0
-    kept = ex.peak_kept_bytes if ran else ex.plan.dry.peak_bytes
-    out = {"pool": pool, "slots": shared + own, "outputs": sum(_nbytes(a) for a in ex.outputs),
+            lent = "grad of " + name in slots or (key, name) in templates.grad_bound
+            own += 0 if g is None or lent else array_bytes(g)
+    masks = sum(array_bytes(a) for a in list(runner.ones.values()) + list(runner.masks.values()))
+    ran = runner.forward_flops_run > 0
+    kept = runner.peak_kept_bytes if ran else ex.plan.dry.peak_bytes
+    out = {"pool": pool, "slots": shared + own, "outputs": sum(array_bytes(a) for a in ex.outputs),
            "masks": masks if ran else ex.plan.mask_bytes, "statistics": statistics,
            "kept": kept}
     out["total"] = sum(out.values())
@@ -91,7 +94,7 @@ def _child(path: str) -> None:
     predicted = {"pool": sp.pool_bytes, "slots": sp.staging_bytes, "outputs": sp.output_bytes,
                  "masks": sp.mask_bytes, "statistics": sp.statistics_bytes,
                  "kept": sp.dry.peak_bytes, "total": sp.planned_bytes}
-    user = sum(_nbytes(a) for d in (ex.arg_dict, ex.grad_dict, ex.aux_dict)
+    user = sum(array_bytes(a) for d in (ex.arg_dict, ex.grad_dict, ex.aux_dict)
                for a in d.values() if a is not None)
     print(json.dumps({"measured_mb": _mb(measured), "user_mb": round(user / 2**20, 3),
                       "predicted_mb": _mb(predicted), "measured_bytes": measured,
@@ -101,12 +104,6 @@ def _child(path: str) -> None:
 
 def _mb(parts: dict[str, int]) -> dict[str, float]:
     return {k: round(v / 2**20, 3) for k, v in parts.items()}
-
-
-def _nbytes(a: Any) -> int:
-    import numpy as np
-
-    return int(a.size) * np.dtype(a.dtype).itemsize
 
 
 if __name__ == "__main__":

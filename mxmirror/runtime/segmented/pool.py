@@ -1,15 +1,79 @@
-"""The memory the template executors of a segmented plan share: the pool's owner (a small
-forward-only executor whose outputs are the pool's blocks and which holds every template's
-BatchNorm statistics) and one array per slot name that every template binds a view of."""
+"""The template executors of a segmented plan, bound on one pool: the pool's owner (a
+small forward-only executor whose outputs are the pool's blocks and which holds every
+template's BatchNorm statistics), one array per slot name that every template binds a view
+of, and the user's own arrays where a template's slot reads one variable throughout."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from math import prod
 from typing import Any
 
 from mxmirror.errors import PlanError
+from mxmirror.runtime.binds import unhooked
+from mxmirror.runtime.segmented.user_arrays import UserArrays
 from mxmirror.segments.cost import SegmentPlan, pool_blocks, statistics_groups
-from mxmirror.segments.model import Segments
+from mxmirror.segments.model import Segment, Segments
+
+
+@dataclass
+class Templates:
+    """A segmented plan's template executors and the arrays they are bound on."""
+
+    owner: Any  # the pool's owner executor; None when nothing is pooled
+    executors: dict[str, Any]  # template key -> MXNet executor, the largest first
+    slot_buffer: dict  # slot name -> the array every template binds (a view of)
+    user_bound: set = field(default_factory=set)  # (template, slot) on the user's array
+    grad_bound: set = field(default_factory=set)  # ... adding into the user's gradient
+
+
+def bind_templates(plan: SegmentPlan, ctx: Any, user: UserArrays) -> Templates:
+    """One MXNet executor per template, the largest first, all on the pool's memory
+    (``shared_exec``: the owner, else the first template). Activation slots of the same
+    name share one array across templates (only one runs at a time and every slot is
+    filled right before its executor runs); each bind gets a copy of that dict, as MXNet
+    adds the arrays it allocates (parameter slots) to it."""
+    import mxnet as mx
+
+    sg = plan.segments
+    raw = unhooked("simple_bind")
+    owner = pool_owner(plan, ctx, raw)
+    out = Templates(owner, {}, slot_arrays(sg, ctx))
+    by_key = {seg.key: seg for seg in sg.segments}
+    for key in plan.bind_order():
+        seg = by_key[key]
+        buf = _bind_buffer(seg, sg, user, out)
+        req = dict(sg.slot_req[key], **{n: "add" for k, n in out.grad_bound if k == key})
+        ex = raw(mx.sym.load_json(seg.json), ctx, grad_req=req, type_dict=sg.slot_types[key],
+                 shared_exec=owner, shared_buffer=buf, **sg.slot_shapes[key])
+        owner = owner or ex
+        out.executors[key] = ex
+    return out
+
+
+def _bind_buffer(seg: Segment, sg: Segments, user: UserArrays, templates: Templates) -> dict:
+    """The shared_buffer one template binds with: the shared slots, and the user's own
+    arrays for the parameter slots that read the same variable in every segment of the
+    template (Segments.user_slots: no other segment's values take turns there), and
+    the user's gradient where the template adds into it (Segments.grad_slots)."""
+    import numpy as np
+
+    buf = dict(templates.slot_buffer)
+    shapes, types = sg.slot_shapes[seg.key], sg.slot_types[seg.key]
+    for name, key in seg.slots:
+        if (seg.key, name) not in sg.user_slots:
+            continue
+        arr = user.arg_dict[key[1]]
+        if tuple(arr.shape) == tuple(shapes[name]) and \
+                np.dtype(arr.dtype) == np.dtype(types[name]):
+            buf[name] = arr
+            templates.user_bound.add((seg.key, name))
+            if (seg.key, name) in sg.grad_slots:
+                # the template adds its gradient into the user's (grad_req 'add'; the
+                # backward zeroes the user's first where it asked for 'write')
+                buf["grad of " + name] = user.grad_dict[key[1]]
+                templates.grad_bound.add((seg.key, name))
+    return buf
 
 
 def pool_owner(plan: SegmentPlan, ctx: Any, raw: Any) -> Any:

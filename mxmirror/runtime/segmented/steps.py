@@ -15,7 +15,9 @@ from math import prod
 from typing import Any
 
 from mxmirror.runtime.segmented import engine_calls as calls
-from mxmirror.segments.model import Segment
+from mxmirror.runtime.segmented.pool import Templates
+from mxmirror.runtime.segmented.user_arrays import UserArrays
+from mxmirror.segments.model import Segment, Segments
 
 
 @dataclass
@@ -50,12 +52,15 @@ class SegmentSteps:
         run()
 
     @classmethod
-    def build(cls, seg: Segment, ex: Any, exe: Any, crossing: set, user_bound: set,
-              grad_bound: set) -> SegmentSteps:
-        """`exe`: the SegmentedExecutor (its user arrays, masks and grad_req); `user_bound`,
-        `grad_bound`: (template, slot) bound to the user's value, and gradient."""
+    def build(cls, seg: Segment, sg: Segments, user: UserArrays,
+              templates: Templates) -> SegmentSteps:
+        """What running segment `seg` of `sg` touches: its template's slots, and the user's
+        arrays they are filled from or emptied into (none for a slot bound to the user's
+        value or gradient: templates.user_bound, grad_bound)."""
+        ex = templates.executors[seg.key]
+        user_bound, grad_bound = templates.user_bound, templates.grad_bound
         args, grads, auxs = ex.arg_dict, ex.grad_dict, ex.aux_dict
-        one_hop = exe.sg.one_hop
+        one_hop = sg.one_hop
         states, copies, masks, grad_inputs, param_grads, state_grads, aux_out, aux_in = \
             [], [], [], [], [], [], [], []
         for name, key in seg.slots:
@@ -66,66 +71,41 @@ class SegmentSteps:
                 state_grads.append((key[1], grads[name]))
             elif kind == "arg":
                 if (seg.key, name) not in user_bound:
-                    copies.append(partial(calls.copier(args[name]), exe.arg_dict[key[1]]))
-                if exe.req_of(key[1]) != "null" and (seg.key, name) not in grad_bound:
-                    param_grads.append((exe.grad_dict[key[1]], grads[name]))
+                    copies.append(partial(calls.copier(args[name]), user.arg_dict[key[1]]))
+                if user.grad_req[key[1]] != "null" and (seg.key, name) not in grad_bound:
+                    param_grads.append((user.grad_dict[key[1]], grads[name]))
             elif kind == "aux":
-                fill = partial(calls.copier(auxs[name]), exe.aux_dict[key[1]])
+                fill = partial(calls.copier(auxs[name]), user.aux_dict[key[1]])
                 copies.append(fill)
                 aux_in.append(fill)
-                aux_out.append(partial(calls.copier(exe.aux_dict[key[1]]), auxs[name]))
+                aux_out.append(partial(calls.copier(user.aux_dict[key[1]]), auxs[name]))
             elif kind == "mask":
                 masks.append((key[1], calls.copier(args[name])))
             elif kind in ("ograd", "hgrad"):
                 slot = args[name]
-                shape = exe.value_shape(kind, key[1])
+                shape = _gradient_shape(sg, kind, key[1])
                 view = slot if tuple(slot.shape) == shape else slot.reshape(shape)
                 grad_inputs.append((kind, key[1], slot, calls.copier(view)))
-        heads = [(len(seg.outputs) + j, calls.copier(exe.outputs[h]))
+        heads = [(len(seg.outputs) + j, calls.copier(user.outputs[h]))
                  for j, h in enumerate(seg.heads)]
         outs = [ex.outputs[j] for j in range(len(seg.outputs))]
-        value_bytes = {e: _nbytes(a) for e, a in zip(seg.outputs, outs)}
+        value_bytes = {e: array_bytes(a) for e, a in zip(seg.outputs, outs)}
         outputs = [(e, e in one_hop) for e in seg.outputs]
-        return cls(ex, states, copies, masks, frozenset(crossing), outputs, heads,
+        return cls(ex, states, copies, masks, sg.crossing[seg.index], outputs, heads,
                    grad_inputs, param_grads, [g for _, g in param_grads], state_grads,
                    aux_out, aux_in, list(ex.aux_arrays), value_bytes)
 
 
-def _nbytes(a: Any) -> int:
+def _gradient_shape(sg: Segments, kind: str, key: Any) -> tuple:
+    """The shape of the value a gradient-input slot ("ograd": boundary value entry,
+    "hgrad": graph head index) holds the gradient of."""
+    graph = sg.graph
+    src, k = key if kind == "ograd" else graph.heads[key]
+    return tuple(graph.nodes[src].shapes[k])
+
+
+def array_bytes(a: Any) -> int:
+    """Bytes of an NDArray's elements."""
     import numpy as np
 
     return prod(a.shape) * np.dtype(a.dtype).itemsize
-
-
-def zero(arrays: list) -> None:
-    """Set `arrays` to 0 in one engine op (MXNet's reset_arrays, as Gluon's zero_grad)."""
-    import mxnet as mx
-
-    if arrays:
-        mx.nd.reset_arrays(*arrays, num_arrays=len(arrays))
-
-
-class _InTemplate:
-    """A boundary value still in its template's output array (not copied out)."""
-
-    __slots__ = ("array", "run")
-
-    def __init__(self, array: Any, run: int) -> None:
-        self.array, self.run = array, run
-
-
-def _distinct(arrays: list) -> list:
-    """`arrays` without repeats of the same NDArray (an engine op may not write one twice)."""
-    seen: dict = {}
-    for a in arrays:
-        seen.setdefault(a.handle.value, a)
-    return list(seen.values())
-
-
-def _assign(dst: Any, value: Any) -> None:
-    import mxnet as mx
-
-    if isinstance(value, mx.nd.NDArray):
-        value.copyto(dst)
-    else:
-        dst[:] = value
