@@ -226,3 +226,43 @@ def test_two_processes_pruning_at_once(tmp_path) -> None:
     assert 1 <= len(left) <= 21
     for f in left:
         json.loads(f.read_text())
+
+
+FIRST_RUN = """
+import os, sys
+from mxmirror.adapter import children, symbol
+symbol.load_mxnet()
+early = list(children._early.values())
+print("started", len(early), flush=True)
+if sys.argv[1] == "use":
+    import mxmirror
+    from symbols.resnet import resnet
+    sym = resnet([1, 1, 1], bottleneck=False, num_classes=10, image_shape=(3, 32, 32))
+    mxmirror.plan(sym, data=(4, 3, 32, 32))
+    print("used", early[0].poll() is not None and not children._early, flush=True)
+print("pid", early[0].pid if early else -1, flush=True)
+"""
+
+
+@pytest.mark.parametrize("use", ["use", "exit"])
+def test_a_first_run_starts_the_learner_with_mxnet_and_stops_it(tmp_path, use) -> None:
+    """No template kept: the learner starts before MXNet is imported (its own import then
+    overlaps), is the child that learns, and one never asked is gone when the process is."""
+    import os
+    from pathlib import Path
+
+    env = dict(os.environ, MXMIRROR_CACHE=str(tmp_path),
+               PYTHONPATH=str(Path(__file__).parents[1]))
+    out = subprocess.run([sys.executable, "-c", FIRST_RUN, use], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "started 1" in out.stdout
+    if use == "use":
+        assert "used True" in out.stdout
+        assert list(tmp_path.glob("templates-mxnet-*.json"))
+    pid = int(out.stdout.split("pid ")[1].split()[0])
+    with pytest.raises(ProcessLookupError):  # stopped and reaped with its parent
+        os.kill(pid, 0)
+    again = subprocess.run([sys.executable, "-c", FIRST_RUN, "exit"], capture_output=True,
+                           text=True, env=env, timeout=300)
+    assert ("started 1" in again.stdout) == (use == "exit")  # templates kept: no early child

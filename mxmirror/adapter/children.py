@@ -3,10 +3,13 @@
 mxmirror binds in children whenever the parent must not pay for it: learning backward
 templates (MXNET_MEM_PLAN_VERBOSE_LOGGING is read once per process), MXNet's figure of a
 big graph (a bind leaves ~0.5 GB resident), a switch such as MXNET_BACKWARD_DO_MIRROR.
+A child can be started early (``start_early``), before it is asked anything: its own
+start-up (``import mxnet``, over a second) then overlaps the parent's.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -14,6 +17,9 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+# the template learner: its module and settings (adapter/learn.py)
+LEARNER = ("mxmirror.adapter.learn", {"MXNET_MEM_PLAN_VERBOSE_LOGGING": "1"})
 
 _TOTAL_RE = re.compile(r"Total (\d+) MB allocated")
 _PKG_PARENT = str(Path(__file__).resolve().parents[2])
@@ -29,12 +35,46 @@ class ChildFailed(Exception):
 
 def run_child(module: str, *args: str, stdin: str = "", **settings: str) -> str:
     """Run ``python -m module args`` with `stdin` in child_env(**settings) and return its
-    stdout; ChildFailed (with its last stderr line) if it fails."""
-    proc = subprocess.run([sys.executable, "-m", module, *args], input=stdin,
-                          capture_output=True, text=True, env=child_env(**settings))
-    if proc.returncode != 0:
-        raise ChildFailed(proc.returncode, _tail(proc.stderr))
-    return proc.stdout
+    stdout; ChildFailed (with its last stderr line) if it fails. A child of the same module
+    and settings started early (no arguments) is used, once."""
+    early = None if args else _early.pop(_key(module, settings), None)
+    if early is not None and early.poll() is None:
+        stdout, stderr = early.communicate(stdin)
+        code = early.returncode
+    else:
+        proc = subprocess.run([sys.executable, "-m", module, *args], input=stdin,
+                              capture_output=True, text=True, env=child_env(**settings))
+        stdout, stderr, code = proc.stdout, proc.stderr, proc.returncode
+    if code != 0:
+        raise ChildFailed(code, _tail(stderr))
+    return stdout
+
+
+_early: dict[tuple, subprocess.Popen] = {}
+
+
+def _key(module: str, settings: dict[str, str]) -> tuple:
+    return (module, tuple(sorted(settings.items())))
+
+
+def start_early(module: str, **settings: str) -> None:
+    """Start ``python -m module`` now, reading its input only when run_child asks with the
+    same module and settings; one never asked is stopped when this process exits."""
+    key = _key(module, settings)
+    if key in _early:
+        return
+    if not _early:
+        atexit.register(_stop_early)
+    _early[key] = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env=child_env(**settings))
+
+
+def _stop_early() -> None:
+    while _early:
+        proc = _early.popitem()[1]
+        proc.kill()
+        proc.communicate()
 
 
 def last_json(stdout: str) -> Any:

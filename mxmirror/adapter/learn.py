@@ -20,13 +20,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mxmirror.adapter.children import ChildFailed, error_line, last_json, run_child
+from mxmirror.adapter.children import LEARNER, ChildFailed, error_line, last_json, run_child
 from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
 from mxmirror.ir.graph import INPUT, Graph, Node
 from mxmirror.ir.symbol_json import to_json
 from mxmirror.ir.templates import Template, TemplateNode, hidden_ref, shape_ref
-from mxmirror.planning.cache import cache_path, write_atomic
+from mxmirror.planning.cache import TEMPLATES, templates_file, write_atomic
 
 
 def learned_by() -> dict[str, str]:
@@ -40,8 +40,8 @@ class TemplateStore:
     """In-memory + on-disk cache of learned templates, keyed by signature."""
 
     def __init__(self, mxnet_version: str, path: Path | None = None) -> None:
-        root = path or cache_path()
-        self.file = None if root is None else root / f"templates-mxnet-{mxnet_version}.json"
+        self.file = (path / TEMPLATES.format(mxnet_version) if path is not None
+                     else templates_file(mxnet_version))
         self.data: dict[str, Template] = self._read()
 
     def _read(self) -> dict[str, Template]:
@@ -83,8 +83,7 @@ def learn(specs: list[dict]) -> list[Template]:
         return [sources[i] if i in sources else next(it) for i in range(len(specs))]
     what = ", ".join(sorted({s["op"] for s in specs}))
     try:
-        out = last_json(run_child("mxmirror.adapter.learn", stdin=json.dumps(specs),
-                                  MXNET_MEM_PLAN_VERBOSE_LOGGING="1"))
+        out = last_json(run_child(LEARNER[0], stdin=json.dumps(specs), **LEARNER[1]))
     except ChildFailed as exc:
         raise PlanError(f"could not learn the backward structure of {what} from MXNet (child "
                         f"process exit code {exc.returncode}): {exc.tail}") from None
@@ -227,7 +226,10 @@ def _template_from_bind(spec: dict, memlog: list[dict], dbg_nodes: list[dict],
 def _child_main() -> None:
     import mxnet as mx
 
-    specs = json.loads(sys.stdin.read())
+    text = sys.stdin.read()
+    if not text.strip():  # started early and never asked
+        return
+    specs = json.loads(text)
     log = tempfile.NamedTemporaryFile(mode="w+", suffix=".log", delete=False)
     saved = os.dup(2)
     os.dup2(log.fileno(), 2)

@@ -224,6 +224,21 @@ def _rebuilt(graph, cuts: list[int], tree: dict, template_bytes: list[int],
     return plan
 
 
+TEMPLATES = "templates-mxnet-{}.json"  # the templates learned from one MXNet version
+
+
+def templates_file(mxnet_version: str) -> Path | None:
+    """Where the templates learned from this MXNet version are kept (None: cache off)."""
+    root = cache_path()
+    return None if root is None else root / TEMPLATES.format(mxnet_version)
+
+
+def templates_kept() -> bool:
+    """Whether any template is kept (or the cache is off): False on a new user's first run."""
+    root = cache_path()
+    return root is None or any(root.glob(TEMPLATES.format("*")))
+
+
 def cache_path() -> Path | None:
     """The root of every disk cache (templates, plans): ``MXMIRROR_CACHE`` or
     ~/.cache/mxmirror; None when ``MXMIRROR_CACHE=off`` (nothing read or written)."""

@@ -368,12 +368,189 @@ done:
     return result;
 }
 
+
+/* ------------------------------------------------------------------ resolving a mirror set
+ * compiled.CompiledTraining's integer training graph resolved for one mirror set (its flat()
+ * states the rule; this is it, compiled): the mirror-independent DFS's runs of nodes, each
+ * followed by the switches met after it; where a met switch's source is mirrored (and its
+ * condition node too, if it has one) and its copy not yet placed, the copy's own DFS places
+ * the copies of its mirrored inputs first, then the copy. Each switch then reads the copy or
+ * the original; reference counts are the static ones plus the switches' and the placed
+ * copies' reads. */
+enum { R_RUN_OFF, R_RUN_NODES, R_MET_OFF, R_MET_COND, R_MET_SRC, R_SRC_OFF, R_SRC_LIST,
+       R_COPY, R_MIRRORABLE, R_SW_COND, R_SW_SRC, R_SW_ORIG, R_SW_COPIED, R_INDEX_MAP,
+       R_REF_STATIC, R_COUNTED, R_COPY_SW, R_COPY_SW_OF, R_COPY_ENT, R_COPY_ENT_OF, N_RESOLVE };
+
+static PyObject *resolve(PyObject *self, PyObject *args) {
+    PyObject *packed_o, *mirror_o;
+    Py_ssize_t n_entries, n_compiled;
+    if (!PyArg_ParseTuple(args, "OOnn", &packed_o, &mirror_o, &n_entries, &n_compiled))
+        return NULL;
+    if (!PyTuple_Check(packed_o) || PyTuple_GET_SIZE(packed_o) != N_RESOLVE) {
+        PyErr_SetString(PyExc_TypeError, "packed training graph: a tuple of 20 int64 arrays");
+        return NULL;
+    }
+    I64 pk[N_RESOLVE], mirror;
+    memset(pk, 0, sizeof(pk));
+    memset(&mirror, 0, sizeof(mirror));
+    PyObject *result = NULL;
+    char *mir = NULL, *pending = NULL, *made_mask = NULL;
+    int64_t *order = NULL, *made = NULL, *stack = NULL, *next = NULL, *read = NULL;
+    int64_t *ins = NULL, *ref = NULL;
+    for (int k = 0; k < N_RESOLVE; k++)
+        if (get_i64(PyTuple_GET_ITEM(packed_o, k), &pk[k], "packed training graph") < 0)
+            goto done;
+    if (get_i64(mirror_o, &mirror, "mirror set") < 0) goto done;
+    Py_ssize_t n_graph = pk[R_COPY].n, n_runs = pk[R_RUN_OFF].n - 1;
+    Py_ssize_t n_switch = pk[R_SW_COND].n, n_slots = pk[R_INDEX_MAP].n;
+    const int64_t *run_off = pk[R_RUN_OFF].data, *run_nodes = pk[R_RUN_NODES].data;
+    const int64_t *met_off = pk[R_MET_OFF].data, *met_cond = pk[R_MET_COND].data;
+    const int64_t *met_src = pk[R_MET_SRC].data, *src_off = pk[R_SRC_OFF].data;
+    const int64_t *src_list = pk[R_SRC_LIST].data, *copy = pk[R_COPY].data;
+    const int64_t *mirrorable = pk[R_MIRRORABLE].data;
+    const int64_t *sw_cond = pk[R_SW_COND].data, *sw_src = pk[R_SW_SRC].data;
+    const int64_t *sw_orig = pk[R_SW_ORIG].data, *sw_copied = pk[R_SW_COPIED].data;
+    const int64_t *index_map = pk[R_INDEX_MAP].data, *ref_static = pk[R_REF_STATIC].data;
+    {  /* every index in range: a bad table fails here, not in memory */
+        struct { int k; Py_ssize_t below; int minus_one; } checks[] = {
+            {R_RUN_NODES, n_compiled, 0}, {R_MET_SRC, n_graph, 0}, {R_MET_COND, n_graph, 1},
+            {R_SRC_LIST, n_graph, 0}, {R_COPY, n_compiled, 1}, {R_SW_COND, n_graph, 1},
+            {R_SW_SRC, n_graph, 0}, {R_SW_ORIG, n_entries, 0}, {R_SW_COPIED, n_entries, 1},
+            {R_INDEX_MAP, n_entries + n_switch, 0}, {R_COUNTED, n_switch, 0},
+            {R_COPY_SW, n_switch, 0}, {R_COPY_SW_OF, n_compiled, 0},
+            {R_COPY_ENT, n_entries, 0}, {R_COPY_ENT_OF, n_compiled, 0}};
+        for (size_t c = 0; c < sizeof(checks) / sizeof(checks[0]); c++)
+            for (Py_ssize_t k = 0; k < pk[checks[c].k].n; k++) {
+                int64_t v = pk[checks[c].k].data[k];
+                if (v >= checks[c].below || v < (checks[c].minus_one ? -1 : 0)) goto bad;
+            }
+        const int k_off[] = {R_RUN_OFF, R_MET_OFF, R_SRC_OFF};
+        const int k_of[] = {R_RUN_NODES, R_MET_COND, R_SRC_LIST};
+        for (int c = 0; c < 3; c++) {
+            const I64 *off = &pk[k_off[c]];
+            if (off->n < 1 || off->data[0] != 0 || off->data[off->n - 1] > pk[k_of[c]].n)
+                goto bad;
+            for (Py_ssize_t k = 1; k < off->n; k++)
+                if (off->data[k] < off->data[k - 1]) goto bad;
+        }
+        if (pk[R_MET_OFF].n != pk[R_RUN_OFF].n || pk[R_SRC_OFF].n != n_graph + 1
+            || pk[R_MET_SRC].n != pk[R_MET_COND].n || pk[R_MIRRORABLE].n != n_graph
+            || pk[R_REF_STATIC].n != n_entries || pk[R_SW_SRC].n != n_switch
+            || pk[R_SW_ORIG].n != n_switch || pk[R_SW_COPIED].n != n_switch
+            || pk[R_COPY_SW_OF].n != pk[R_COPY_SW].n || pk[R_COPY_ENT_OF].n != pk[R_COPY_ENT].n)
+            goto bad;
+    }
+    mir = (char *)calloc(n_graph + 1, 1);
+    pending = (char *)calloc(n_graph + 1, 1);
+    made_mask = (char *)calloc(n_compiled + 1, 1);
+    order = (int64_t *)malloc(sizeof(int64_t) * (n_compiled + 1));
+    made = (int64_t *)malloc(sizeof(int64_t) * (n_graph + 1));
+    stack = (int64_t *)malloc(sizeof(int64_t) * (n_graph + 1));
+    next = (int64_t *)malloc(sizeof(int64_t) * (n_graph + 1));
+    read = (int64_t *)malloc(sizeof(int64_t) * (n_switch + 1));
+    ins = (int64_t *)malloc(sizeof(int64_t) * (n_slots + 1));
+    ref = (int64_t *)malloc(sizeof(int64_t) * (n_entries + 1));
+    if (!mir || !pending || !made_mask || !order || !made || !stack || !next || !read || !ins
+        || !ref) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < mirror.n; k++) {
+        int64_t g = mirror.data[k];
+        if (g >= 0 && g < n_graph && mirrorable[g]) mir[g] = pending[g] = 1;
+    }
+    Py_ssize_t n_order = 0, n_made = 0;
+    for (Py_ssize_t r = 0; r < n_runs; r++) {
+        for (int64_t t = run_off[r]; t < run_off[r + 1]; t++) {
+            if (n_order >= n_compiled) goto bad;
+            order[n_order++] = run_nodes[t];
+        }
+        for (int64_t t = met_off[r]; t < met_off[r + 1]; t++) {
+            int64_t cond = met_cond[t], src = met_src[t];
+            if (!pending[src] || (cond >= 0 && !mir[cond])) continue;
+            pending[src] = 0;
+            Py_ssize_t depth = 0;
+            stack[depth] = src;
+            next[depth++] = src_off[src];
+            while (depth) {  /* the copy's own DFS: copies of its mirrored inputs first */
+                int64_t g = stack[depth - 1], pushed = 0;
+                while (next[depth - 1] < src_off[g + 1]) {
+                    int64_t s = src_list[next[depth - 1]++];
+                    if (pending[s]) {
+                        pending[s] = 0;
+                        stack[depth] = s;
+                        next[depth++] = src_off[s];
+                        pushed = 1;
+                        break;
+                    }
+                }
+                if (pushed) continue;
+                depth--;
+                if (n_order >= n_compiled || copy[g] < 0) goto bad;
+                order[n_order++] = copy[g];
+                made[n_made++] = g;
+                made_mask[copy[g]] = 1;
+            }
+        }
+    }
+    for (Py_ssize_t w = 0; w < n_switch; w++) {
+        int on = mir[sw_src[w]] && (sw_cond[w] < 0 || mir[sw_cond[w]]);
+        read[w] = on ? sw_copied[w] : sw_orig[w];
+    }
+    for (Py_ssize_t x = 0; x < n_slots; x++) {
+        int64_t v = index_map[x];
+        ins[x] = v < n_entries ? v : read[v - n_entries];
+    }
+    memcpy(ref, ref_static, sizeof(int64_t) * n_entries);
+    for (Py_ssize_t k = 0; k < pk[R_COUNTED].n; k++) ref[read[pk[R_COUNTED].data[k]]]++;
+    for (Py_ssize_t k = 0; k < pk[R_COPY_SW].n; k++)
+        if (made_mask[pk[R_COPY_SW_OF].data[k]]) ref[read[pk[R_COPY_SW].data[k]]]++;
+    for (Py_ssize_t k = 0; k < pk[R_COPY_ENT].n; k++)
+        if (made_mask[pk[R_COPY_ENT_OF].data[k]]) ref[pk[R_COPY_ENT].data[k]]++;
+    {
+        PyObject *o = PyBytes_FromStringAndSize((const char *)order, sizeof(int64_t) * n_order);
+        PyObject *m = PyList_New(n_made);
+        PyObject *i = PyBytes_FromStringAndSize((const char *)ins, sizeof(int64_t) * n_slots);
+        PyObject *f = PyBytes_FromStringAndSize((const char *)ref, sizeof(int64_t) * n_entries);
+        if (!o || !m || !i || !f) {
+            Py_XDECREF(o);
+            Py_XDECREF(m);
+            Py_XDECREF(i);
+            Py_XDECREF(f);
+            goto done;
+        }
+        for (Py_ssize_t k = 0; k < n_made; k++)
+            PyList_SET_ITEM(m, k, PyLong_FromLongLong(made[k]));
+        result = Py_BuildValue("(NNNN)", o, m, i, f);
+    }
+    goto done;
+bad:
+    PyErr_SetString(PyExc_ValueError, "packed training graph: inconsistent");
+done:
+    for (int k = 0; k < N_RESOLVE; k++) put_i64(&pk[k]);
+    put_i64(&mirror);
+    free(mir);
+    free(pending);
+    free(made_mask);
+    free(order);
+    free(made);
+    free(stack);
+    free(next);
+    free(read);
+    free(ins);
+    free(ref);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"simulate", simulate, METH_VARARGS,
      "simulate(packed, order, ins, ref or None, outputs, num_forward_outputs, inplace,"
      " match_range, stop_at, timeline) (match_range 0: no sharing; ref None: counted here)"
      " -> (total bytes, storage as int64 bytes, block bytes, timeline) or None once the"
      " blocks reach stop_at (>= 0)"},
+    {"resolve", resolve, METH_VARARGS,
+     "resolve(packed, mirror ids, entries, compiled nodes) -> (order, copies made (graph"
+     " ids, in order), ins, ref): order, ins and ref as int64 bytes"},
     {NULL, NULL, 0, NULL},
 };
 
