@@ -118,7 +118,7 @@ def _read(symbol: Any, type_dict: dict[str, str] | None, grad_req: Any,
     if all(r == "null" for r in req.values()):  # before any template is learned
         raise PlanError("nothing is trained: no argument gets a gradient, so there is no "
                         "backward pass to plan")
-    source = strip_json(sym.tojson())
+    text = sym.tojson()
     inputs = BindInputs(shapes, dict(type_dict) if type_dict else None, req)
-    return Prepared(source, inputs, lambda: load_graph(sym, shapes, type_dict=type_dict,
-                                                       grad_req=req, strip=True))
+    return Prepared(strip_json(text), inputs, lambda: load_graph(
+        sym, shapes, type_dict=type_dict, grad_req=req, strip=True, text=text))

@@ -2,7 +2,8 @@
 
 ``memory_plan.simulate_flat`` runs the compiled planner (``sim/_planner.c``) on each node's
 facts decoded once (``node_steps``: variable reads left out, unread outputs checked only when
-one was allocated), ``Analysis.drop_unread`` and ``segment_mirror`` read precomputed tables,
+one was allocated), ``sim.resolved`` resolves a mirror set in C as ``CompiledTraining.flat``
+states it, ``Analysis.drop_unread`` and ``segment_mirror`` read precomputed tables,
 and the multi-level DP's table is compiled (``planning/_dp.c``). Here each is compared with
 a plain reading of what it replaces: MXNet's plan_memory.cc node by node (every read, every
 output), the set comprehensions over the op order, and the DP's numpy statement. Storage ids,
@@ -134,6 +135,13 @@ def reference_drop_unread(a, mirror: frozenset[int]) -> set[int]:
 def _check(a, mirror: frozenset[int]) -> None:
     kept = a.drop_unread(mirror)
     assert kept == reference_drop_unread(a, mirror)
+    for mm in (kept, mirror):  # the compiled resolution as CompiledTraining.flat states it
+        fg, made = a.compiled.flat(mm)
+        got, got_made = a.resolved.flat(mm)
+        assert (list(got.order), got_made, list(got.ins), list(got.ref)) == \
+            (fg.order, made, fg.ins, fg.ref)
+        assert memory_plan.simulate_flat(got).total_bytes == \
+            memory_plan.simulate_flat(fg).total_bytes
     fg, _ = a.compiled.flat(kept)
     for strategy in memory_plan.STRATEGIES:
         sim = memory_plan.simulate_flat(fg, strategy, timeline=True)

@@ -68,9 +68,10 @@ def parse_shapes(sym, shapes: dict[str, Any], arguments: list[str] | None = None
 
 
 def load_graph(source: Any, shapes: dict[str, Any], type_dict: dict[str, str] | None = None,
-               grad_req: Any = None, strip: bool = False) -> Graph:
+               grad_req: Any = None, strip: bool = False, text: str | None = None) -> Graph:
     """Read a Symbol (object, JSON text or file) with input shapes into the Graph IR.
-    `strip`: leave out the mirror attributes a symbol may carry (the unplanned graph)."""
+    `strip`: leave out the mirror attributes a symbol may carry (the unplanned graph);
+    `text`: the symbol's own tojson(), where the caller has it."""
     load_mxnet()
     sym = load_symbol(source)
     shapes = parse_shapes(sym, shapes)
@@ -84,7 +85,7 @@ def load_graph(source: Any, shapes: dict[str, Any], type_dict: dict[str, str] | 
             raise PlanError(f"unknown dtype {dt!r} for {name!r}; use one of "
                             f"{', '.join(sorted(_DTYPES))}")
     req = normalize_grad_req(sym.list_arguments(), grad_req, module_default(shapes))
-    js = json.loads(sym.tojson())
+    js = json.loads(text or sym.tojson())
     check_supported(js)
     internals = sym.get_internals()
     ijs = json.loads(internals.tojson())
@@ -143,12 +144,24 @@ _DTYPES = set(DTYPE_BYTES) - {"int16", "uint16", "uint32", "uint64"}
 
 
 def _dtype_name(t: Any) -> str:
+    try:
+        return _DTYPE_NAMES[t]
+    except (KeyError, TypeError):  # not seen yet, or not hashable
+        pass
     import numpy as np
 
     try:
-        return np.dtype(t).name
+        name = np.dtype(t).name
     except TypeError:
-        return str(getattr(t, "__name__", t))
+        name = str(getattr(t, "__name__", t))
+    try:
+        _DTYPE_NAMES[t] = name
+    except TypeError:
+        pass
+    return name
+
+
+_DTYPE_NAMES: dict[Any, str] = {}  # what a dtype given as a type or name is called
 
 
 def learn_templates(graph: Graph) -> TemplateTable:

@@ -17,6 +17,7 @@ from mxmirror.ir import ops
 from mxmirror.ir.graph import Entry, Graph, Node
 from mxmirror.sim import memory_plan, training_graph
 from mxmirror.sim.compiled import CompiledTraining, Unsupported
+from mxmirror.sim.resolved import Resolved
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,12 @@ class Analysis:
         except Unsupported:
             return None
 
+    @cached_property
+    def resolved(self) -> Resolved | None:
+        """The compiled training graph resolved per mirror set by the compiled planner (what
+        scores read; None where there is no compiled graph)."""
+        return None if self.compiled is None else Resolved(self.compiled)
+
     @property
     def baseline(self) -> Score:
         """No recomputation: MXNet's default in-place + sharing."""
@@ -222,8 +229,8 @@ class Analysis:
         if self.on_score is not None:
             self.on_score()
         kept = self.drop_unread(key)
-        if self.compiled is not None:
-            fg, copies = self.compiled.flat(kept)
+        if self.resolved is not None:
+            fg, copies = self.resolved.flat(kept)
             sim = memory_plan.simulate_flat(fg, stop_at=bound)
             if sim is None:
                 self._at_least[key] = bound

@@ -35,8 +35,8 @@ from mxmirror.sim import memory_plan, training_graph
 def live_peak_bytes(a: Analysis, mirror: set[int] | frozenset[int]) -> int:
     """Live bytes at the peak of `mirror`'s schedule under ideal allocation (see above)."""
     kept = a.drop_unread(frozenset(mirror))
-    if a.compiled is not None:
-        fg = a.compiled.flat(kept)[0]
+    if a.resolved is not None:
+        fg = a.resolved.flat(kept)[0]
     else:
         fg = memory_plan.flatten(training_graph.build(a.graph, set(kept)))
     return max(memory_plan.simulate_flat(fg, "inplace", timeline=True).timeline, default=0)
