@@ -26,15 +26,13 @@ import json
 import os
 import random
 import re
-import resource
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import _bootstrap  # noqa: F401 (this checkout importable)
+from _timed import timed_run
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 1.5  # planned first run's wall time / plain's, sqrt (issue 25)
@@ -80,18 +78,13 @@ def run(folder: Path, example: Path, policy: str | None, epochs: int) -> dict:
         argv = [sys.executable, *args]
     else:
         argv = [sys.executable, "-c", PLANNED.format(root=str(ROOT), policy=policy), *args]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    out = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out, wall, cpu = timed_run(argv, cwd=folder, env=env)
     shutil.rmtree(cache, ignore_errors=True)
     if out.returncode:
         raise SystemExit(f"{policy or 'plain'} run failed:\n{out.stderr[-3000:]}")
     epoch = re.findall(r"Epoch\[0\] Time cost=([0-9.]+)", out.stderr)
     found = re.findall(r"mxmirror-plan-seconds (.*)", out.stderr)
-    return {"wall": wall,
-            "cpu": after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime,
+    return {"wall": wall, "cpu": cpu,
             "epoch": float(epoch[0]) if epoch else float("nan"),
             "plans": json.loads(found[-1]) if found else [],
             "logged": len(re.findall(r"mxmirror: policy=", out.stderr))}
@@ -108,7 +101,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--out", type=Path, help="also write the table (markdown) here")
     args = ap.parse_args()
-    from provenance import generated_by
+    from provenance import write_results
 
     example = args.example.resolve()
     if not example.is_file():
@@ -142,20 +135,14 @@ def main() -> None:
                          f"{loads[-1]:.1f} |")
             print(lines[-1], file=sys.stderr, flush=True)
     shutil.rmtree(folder, ignore_errors=True)
-    text = "\n".join([
-        "# MXNet's bucketing LM, plain and planned: a new user's first run", "",
-        generated_by("scripts/bucketing_lm.py", sys.argv[1:]) + " Do not edit by hand.", "",
+    write_results("MXNet's bucketing LM, plain and planned: a new user's first run",
+                  "scripts/bucketing_lm.py", sys.argv[1:], [
         f"MXNet 1.9.1's example/rnn/bucketing/lstm_bucketing.py, unchanged, {args.epochs} "
         f"epoch(s) on generated text ({args.lines} sentences, {args.vocab} words); every run "
         f"in a child of its own with an empty `MXMIRROR_CACHE`. Binds planned: the bind "
         f"hook's plan calls (one per bucket bound; the first learns the templates); the log "
-        f"lines are the hook's own (a plan that recomputes nothing says so too).", "",
-        f"Machine: {os.cpu_count()} cores; load average (1 min) at the start and after each "
-        f"run: {', '.join(f'{x:.1f}' for x in loads)}.", "",
-        *lines, ""])
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+        f"lines are the hook's own (a plan that recomputes nothing says so too)."],
+        lines, args.out, loads)
 
 
 if __name__ == "__main__":

@@ -24,15 +24,14 @@ import argparse
 import hashlib
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import _bootstrap  # noqa: F401 (this checkout importable)
+from _timed import timed_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,15 +70,10 @@ def timed(args: list[str], cache: Path) -> dict:
     """Wall and CPU seconds of one command in a child, and its JSON answer."""
     env = dict(os.environ, MXMIRROR_CACHE=str(cache), MXNET_SUBGRAPH_VERBOSE="0")
     env.pop("MXMIRROR_POLICY", None)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    out = subprocess.run(args, capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out, wall, cpu = timed_run(args, env=env, cwd=tempfile.gettempdir())
     if out.returncode:
         raise SystemExit(f"{' '.join(args[:6])} ... failed:\n{out.stderr[-2000:]}")
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     what = json.dumps([got["mirrored"], got["checkpoints"], got.get("segmented")])
     return {"wall": wall, "cpu": cpu, "mb": got["planned_mb"], "ratio": got["recompute_ratio"],
             "digest": hashlib.sha1(what.encode()).hexdigest()[:8]}
@@ -106,7 +100,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--out", type=Path, help="also write the table (markdown) here")
     args = ap.parse_args()
-    from provenance import generated_by
+    from provenance import write_results
 
     old = Path(args.old).resolve()
     names = args.only.split(",") if args.only else list(ROWS)
@@ -144,21 +138,15 @@ def main() -> None:
                 f"{loads[-1]:.1f} |")
             print(lines[-1], file=sys.stderr, flush=True)
     shutil.rmtree(folder, ignore_errors=True)
-    text = "\n".join([
-        "# The plan command's time against an older commit", "",
-        generated_by("scripts/plan_speed.py", sys.argv[1:]) + " Do not edit by hand.", "",
+    write_results("The plan command's time against an older commit", "scripts/plan_speed.py",
+                  sys.argv[1:], [
         f"Old: commit {commit_of(old)}; new: this commit. Each command is the whole "
         f"`mxmirror plan SYMBOL.json ... --json` in a child of its own: cold with an empty "
         f"`MXMIRROR_CACHE` (import mxnet, learning the templates in a child, planning), warm "
         f"the same command again (the plan kept). Seconds are wall time, CPU in brackets "
         f"(user + system, the learning child included); targets are for the new commit's "
-        f"wall time on a quiet machine.", "",
-        f"Machine: {os.cpu_count()} cores; load average (1 min) at the start and after each "
-        f"row: {', '.join(f'{x:.1f}' for x in loads)}.", "",
-        *lines, ""])
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+        f"wall time on a quiet machine."],
+        lines, args.out, loads)
 
 
 if __name__ == "__main__":

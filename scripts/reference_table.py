@@ -87,7 +87,7 @@ def main() -> None:
     ap.add_argument("--only", help="comma-separated network names")
     ap.add_argument("--out", type=Path, help="also write the table (markdown) here")
     args = ap.parse_args()
-    from provenance import generated_by
+    from provenance import write_results
 
     nets = networks()
     names = args.only.split(",") if args.only else list(nets)
@@ -100,9 +100,8 @@ def main() -> None:
         factory, shapes = nets[name]
         lines.append(row(name, factory, shapes))
         print(lines[-1], file=sys.stderr, flush=True)
-    text = "\n".join([
-        "# The distance to the limit: search against the best plan under ideal allocation", "",
-        generated_by("scripts/reference_table.py", sys.argv[1:]) + " Do not edit by hand.", "",
+    write_results("The distance to the limit: search against the best plan under ideal "
+                  "allocation", "scripts/reference_table.py", sys.argv[1:], [
         "Simulator only; inputs given shapes get no gradient. *Live peak*: the live bytes at "
         "the peak of a plan's schedule when every value has a block of its exact size, freed "
         "at its last use (MXNet's in-place reuse kept): what no allocator goes below. "
@@ -112,12 +111,8 @@ def main() -> None:
         "chains of blocks, without the gradients of weights shared by every step of an "
         "unrolled LSTM), re-scored by the simulator: its live peak (`reference_mb` of "
         "`mxmirror memory --json`) and its MXNet figure. *Improve search*: search's MXNet "
-        f"figure more than {(IMPROVE_ABOVE - 1) * 100:.0f}% above the reference plan's.", "",
-        f"Machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}.", "",
-        *lines, ""])
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+        f"figure more than {(IMPROVE_ABOVE - 1) * 100:.0f}% above the reference plan's."],
+        lines, args.out, [os.getloadavg()[0]])
 
 
 if __name__ == "__main__":
