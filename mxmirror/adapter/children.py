@@ -91,9 +91,12 @@ def _tail(stderr: str) -> str:
 
 def child_env(**settings: str) -> dict[str, str]:
     """The environment of a child running mxmirror: this package importable, MXNet's
-    subgraph chatter off, the mirror switch off unless given, plus `settings`."""
+    subgraph chatter off, the mirror switch off unless given, the bind hook off (a child's
+    own binds, a learner's one-op graphs, are never planned: planning them would learn in a
+    child again), plus `settings`."""
     env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE="0")
-    for key in ("MXNET_BACKWARD_DO_MIRROR", "MXNET_MEM_PLAN_VERBOSE_LOGGING"):
+    for key in ("MXNET_BACKWARD_DO_MIRROR", "MXNET_MEM_PLAN_VERBOSE_LOGGING",
+                "MXMIRROR_POLICY", "MXMIRROR_BUDGET"):
         env.pop(key, None)
     env.update(settings)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_PARENT, env.get("PYTHONPATH")) if p)

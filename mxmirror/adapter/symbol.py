@@ -12,11 +12,16 @@ from mxmirror.errors import PlanError
 from mxmirror.planning.cache import templates_kept
 
 
-def load_mxnet():
-    """MXNet, imported. On a new user's first run (no template kept yet) the template
-    learner is started first, so that its own import of MXNet overlaps this one."""
+def learner_ahead() -> None:
+    """On a new user's first run (no template kept yet), before this process imports MXNet:
+    start the template learner now, so that its own import of MXNet overlaps this one."""
     if "mxnet" not in sys.modules and not templates_kept():
         start_early(LEARNER[0], **LEARNER[1])
+
+
+def load_mxnet():
+    """MXNet, imported (the learner started ahead of it on a first run)."""
+    learner_ahead()
     try:
         import mxnet as mx
     except ImportError as exc:  # pragma: no cover - install problem

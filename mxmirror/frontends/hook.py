@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from mxmirror.adapter.symbol import load_mxnet
+from mxmirror.adapter.symbol import learner_ahead, load_mxnet
 from mxmirror.api import plan
 from mxmirror.errors import PlanError
 from mxmirror.ir.graph import normalize_grad_req
@@ -186,6 +186,7 @@ def enable_from_env() -> None:
     from mxmirror.frontends.startup import when_imported
 
     if os.environ.get("MXMIRROR_POLICY"):
+        learner_ahead()  # the script imports MXNet itself: start the learner before it
         when_imported("mxnet", _enable_env)
 
 
