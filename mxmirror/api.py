@@ -19,14 +19,15 @@ from mxmirror.adapter.free_memory import auto_budget
 from mxmirror.adapter.learn import learned_by
 from mxmirror.adapter.reader import load_graph, parse_shapes
 from mxmirror.adapter.symbol import load_symbol
-from mxmirror.errors import PlanError
+from mxmirror.errors import BudgetTooSmall, PlanError
 from mxmirror.ir.graph import BindInputs, Graph, module_default, normalize_grad_req
 from mxmirror.ir.symbol_json import node_table, strip_json
+from mxmirror.log import size
 from mxmirror.planning import cache
 from mxmirror.planning.analysis import Analysis
 from mxmirror.planning.decide import decide
-from mxmirror.planning.registry import BUDGETED, parse_budget, resolve
-from mxmirror.progress import scoring_bar
+from mxmirror.planning.registry import BUDGETED, NEEDS_BUDGET, parse_budget, resolve
+from mxmirror.progress import scoring, task
 from mxmirror.runtime.plan import Plan
 
 __all__ = ["Prepared", "parse_budget", "plan", "prepare"]
@@ -40,25 +41,33 @@ class Prepared:
     source_json: str  # the symbol without mirror attributes
     inputs: BindInputs
     read_graph: Callable[[], Graph] = field(repr=False)
+    seconds: float = 0.0  # reading and analysing the graph (each Plan counts it in its time)
 
     @cached_property
     def analysis(self) -> Analysis:
-        return Analysis(self.read_graph())
+        start = time.perf_counter()
+        with task("reading and analysing the graph"):
+            analysis = Analysis(self.read_graph())
+        self.seconds += time.perf_counter() - start
+        return analysis
 
     @cached_property
     def nodes(self) -> list[tuple[str, str]]:
         """(name, op) of the graph's nodes by id, from the symbol (no graph read)."""
         return node_table(self.source_json)
 
-    def plan(self, policy: str = "sqrt", budget: Any = None, ctx: Any = None) -> Plan:
+    def plan(self, policy: str = "sqrt", budget: Any = None, ctx: Any = None,
+             or_smallest: bool = False) -> Plan:
         """A Plan never worse than no plan, and segmented only where that is below the best
         one-recompute plan for the same budget too. ``ctx``: for policy ``auto`` without a
         budget, the device whose free memory is the budget (default: the CPU's available
-        memory)."""
+        memory). ``or_smallest``: a budget no plan reaches gets the smallest plan (as
+        ``auto`` does; the bind hook's rule) instead of BudgetTooSmall."""
         source = None
         if resolve(policy, budget) == ("auto", None):
             budget, source = auto_budget(self.analysis.graph, ctx)
-        return self._plan(policy, budget, never_worse=True, budget_source=source)
+        return self._plan(policy, budget, never_worse=True, budget_source=source,
+                          or_smallest=or_smallest)
 
     def own_plan(self, policy: str = "sqrt", budget: Any = None) -> Plan:
         """The policy's own plan, segmented even where one recomputation is smaller (for
@@ -66,36 +75,45 @@ class Prepared:
         return self._plan(policy, budget, never_worse=False)
 
     def _plan(self, policy: str, budget: Any, never_worse: bool,
-              budget_source: str | None = None) -> Plan:
+              budget_source: str | None = None, or_smallest: bool = False) -> Plan:
         name, budget_bytes = resolve(policy, budget)
-        start = time.perf_counter()
-        key = cache.plan_key(name, budget_bytes, self.source_json, self.inputs, never_worse,
-                             learned_by())
+        or_smallest = or_smallest and name in NEEDS_BUDGET
+        start, read = time.perf_counter(), self.seconds  # reading the graph here: counted once
+        key = cache.plan_key(name + " or the smallest" * or_smallest, budget_bytes,
+                             self.source_json, self.inputs, never_worse, learned_by())
         decision = cache.load(key, lambda: self.analysis, len(self.nodes))
         if decision is None:
-            with scoring_bar(self.analysis, f"mxmirror: planning ({name})"):
-                decision = decide(self.analysis, name, budget_bytes, never_worse)
+            nodes = len(self.analysis.graph.op_nodes)
+            with scoring(self.analysis, f"planning ({name}, {nodes} op nodes)"):
+                try:
+                    decision = decide(self.analysis, name, budget_bytes, never_worse)
+                except BudgetTooSmall:
+                    if not or_smallest:
+                        raise
+                    # auto's rule on the given budget: the smallest plan where none fits
+                    decision = decide(self.analysis, "auto", budget_bytes, never_worse)
             cache.save(key, decision)
         label = None
         if budget_bytes is not None and name in BUDGETED:
-            label = f"{budget_bytes / 2**20:.0f} MB ({budget_source or 'given'})"
+            label = f"{size(budget_bytes, 0)} ({budget_source or 'given'})"
         return Plan.of(name, lambda: self.analysis, self.nodes, decision, self.inputs,
-                       self.source_json, time.perf_counter() - start, label)
+                       self.source_json, read + time.perf_counter() - start, label)
 
 
 def plan(symbol: Any, policy: str = "sqrt", budget: Any = None,
          type_dict: dict[str, str] | None = None, grad_req: Any = None, ctx: Any = None,
-         **shapes: Any) -> Plan:
+         or_smallest: bool = False, **shapes: Any) -> Plan:
     """Plan which nodes to recompute so that training fits in less memory.
 
     `symbol` is an mx.sym.Symbol, JSON text or a path; `shapes` are the input
     shapes as for simple_bind. ``plan.bind(ctx)`` trains with it; for the policies
     MXNet's own executor runs, ``plan.symbol`` binds in plain MXNet. Policy ``auto``
     without a budget plans for the free memory of ``ctx`` (default: the CPU's
-    available memory) less arguments, gradients, aux states and a margin.
+    available memory) less arguments, gradients, aux states and a margin. ``or_smallest``:
+    as Prepared.plan (the bind hook's rule).
     """
     resolve(policy, budget)  # bad policy or budget: say so before reading the graph
-    return _read(symbol, type_dict, grad_req, shapes).plan(policy, budget, ctx)
+    return _read(symbol, type_dict, grad_req, shapes).plan(policy, budget, ctx, or_smallest)
 
 
 def prepare(symbol: Any, type_dict: dict[str, str] | None = None, grad_req: Any = None,

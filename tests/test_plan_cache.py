@@ -232,7 +232,7 @@ FIRST_RUN = """
 import os, sys
 from mxmirror.adapter import children, symbol
 symbol.load_mxnet()
-early = list(children._early.values())
+early = [proc for proc, _ in children._early.values()]
 print("started", len(early), flush=True)
 if sys.argv[1] == "use":
     import mxmirror

@@ -20,7 +20,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mxmirror.adapter.children import LEARNER, ChildFailed, error_line, last_json, run_child
+from mxmirror.adapter.children import (
+    LEARNER,
+    ChildFailed,
+    error_line,
+    last_json,
+    one_more_done,
+    run_child,
+)
 from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
 from mxmirror.ir.graph import INPUT, Graph, Node
@@ -83,7 +90,9 @@ def learn(specs: list[dict]) -> list[Template]:
         return [sources[i] if i in sources else next(it) for i in range(len(specs))]
     what = ", ".join(sorted({s["op"] for s in specs}))
     try:
-        out = last_json(run_child(LEARNER[0], stdin=json.dumps(specs), **LEARNER[1]))
+        out = last_json(run_child(LEARNER[0], stdin=json.dumps(specs),
+                                  what="learning backward templates from MXNet",
+                                  total=len(specs), unit="ops", **LEARNER[1]))
     except ChildFailed as exc:
         raise PlanError(f"could not learn the backward structure of {what} from MXNet (child "
                         f"process exit code {exc.returncode}): {exc.tail}") from None
@@ -240,6 +249,7 @@ def _child_main() -> None:
                 results.append(_learn_one(mx, spec, log.name))
             except Exception as exc:  # report, the parent turns it into a PlanError
                 results.append({"error": error_line(exc) or type(exc).__name__})
+            one_more_done()
     finally:
         os.dup2(saved, 2)
         os.unlink(log.name)

@@ -51,8 +51,8 @@ def parse_shapes(sym, shapes: dict[str, Any], arguments: list[str] | None = None
     out = {}
     for name, shape in shapes.items():
         if name not in inputs:
-            raise PlanError(f"--shape {name}: the symbol has no input {name!r}; its inputs "
-                            f"are {', '.join(sorted(inputs)[:12])}")
+            raise PlanError(f"--shape {name}: the symbol has no input {name!r}; "
+                            f"{inputs_text(sym)}")
         try:
             if isinstance(shape, (str, bytes)) or any(
                     isinstance(d, bool) or int(d) != d for d in shape):
@@ -65,6 +65,38 @@ def parse_shapes(sym, shapes: dict[str, Any], arguments: list[str] | None = None
             raise PlanError(f"shape of {name!r} must be positive integers, got {shape!r}")
         out[name] = t
     return out
+
+
+def inputs_text(sym) -> str:
+    """The symbol's inputs as an error names them: those a user gives shapes to (data,
+    labels, states: variables outside every parameter slot of the ops reading them) by
+    name, then how many parameters and auxiliary states there are."""
+    mx = load_mxnet()
+    nodes = json.loads(sym.tojson())["nodes"]
+    slots: dict[str, str] = {}  # op and attributes -> its input slot names
+    params = set()
+    for node in nodes:
+        if node["op"] == "null":
+            continue
+        attrs = {k: v for k, v in (node.get("attrs") or {}).items() if not k.startswith("__")}
+        key = json.dumps([node["op"], attrs], sort_keys=True)
+        if key not in slots:
+            try:
+                creator = getattr(mx.sym, node["op"], None) or getattr(
+                    mx.sym._internal, node["op"])
+                slots[key] = [a[2:] for a in creator(name="n", **attrs).list_arguments()]
+            except Exception:  # an op MXNet cannot make alone (Custom): no slot names
+                slots[key] = []
+        for k, (src, _, *_) in enumerate(node["inputs"]):
+            if nodes[src]["op"] == "null" and k < len(slots[key]) \
+                    and slots[key][k] in ops.PARAMETER_SLOTS:
+                params.add(nodes[src]["name"])
+    given = [a for a in sym.list_arguments() if a not in params]
+    aux = sym.list_auxiliary_states()
+    return (f"its inputs without a gradient (data, labels, states) are "
+            f"{', '.join(given[:12]) or 'none'}{' ...' * (len(given) > 12)}; besides them it "
+            f"has {len(sym.list_arguments()) - len(given)} parameters and {len(aux)} "
+            f"auxiliary states")
 
 
 def load_graph(source: Any, shapes: dict[str, Any], type_dict: dict[str, str] | None = None,
@@ -80,7 +112,7 @@ def load_graph(source: Any, shapes: dict[str, Any], type_dict: dict[str, str] | 
     for name, dt in type_dict.items():
         if name not in inputs:
             raise PlanError(f"dtype given for {name!r}, but the symbol has no input "
-                            f"{name!r}; its inputs are {', '.join(sorted(inputs)[:12])}")
+                            f"{name!r}; {inputs_text(sym)}")
         if dt not in _DTYPES:
             raise PlanError(f"unknown dtype {dt!r} for {name!r}; use one of "
                             f"{', '.join(sorted(_DTYPES))}")

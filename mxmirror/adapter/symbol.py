@@ -29,6 +29,11 @@ def load_mxnet():
     return mx
 
 
+# the first 8 bytes of a file of NDArrays (mx.nd.save, and so every .params file):
+# kMXAPINDArrayListMagic, little-endian (src/c_api/c_api.cc)
+NDARRAY_FILE_MAGIC = (0x112).to_bytes(8, "little")
+
+
 def load_symbol(source: Any):
     """An mx.sym.Symbol from a Symbol, a JSON string or a path to a JSON file (a file or
     text that is no symbol is refused before MXNet is imported)."""
@@ -51,8 +56,16 @@ def load_symbol(source: Any):
         if not path.exists():
             raise PlanError(f"symbol file not found: {path}")
         try:
-            text = path.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise PlanError(f"cannot read symbol file {path}: {exc}") from None
+        if raw[:8] == NDARRAY_FILE_MAGIC or path.suffix == ".params":
+            raise PlanError(f"{path} is an MXNet parameter file (arrays saved by "
+                            f"save_checkpoint, save_parameters or nd.save), not a symbol: give "
+                            f"the symbol JSON saved beside it (PREFIX-symbol.json)")
+        try:
+            text = raw.decode()
+        except UnicodeDecodeError as exc:
             raise PlanError(f"cannot read symbol file {path}: {exc}") from None
     else:
         text = str(source)

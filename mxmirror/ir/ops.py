@@ -28,6 +28,10 @@ CHEAP = {
     "stack", "UpSampling", "Crop", "Pad", "pad", "softmax", "log_softmax",
     "SoftmaxActivation", "mean", "sum", "max", "min", "tile", "repeat", "where",
 }
+# The input slots of MXNet's ops that take trained parameters (FullyConnected and
+# Convolution weight/bias, BatchNorm gamma/beta, RNN parameters): a variable in any other
+# slot (data, label, lhs, state, ...) is an input a user gives a shape to.
+PARAMETER_SLOTS = {"weight", "bias", "gamma", "beta", "parameters"}
 # Never recomputed: fresh randomness would change what training computes.
 RANDOM_PREFIXES = ("_random_", "random_", "_sample_", "sample_", "_npi_random", "_contrib_rand")
 RANDOM = {"Dropout", "_shuffle", "shuffle", "RNN"}  # RNN: dropout inside the fused cell

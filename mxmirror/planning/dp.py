@@ -31,7 +31,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from mxmirror.errors import PlanError
+from mxmirror.errors import BudgetTooSmall
+from mxmirror.log import size
 from mxmirror.planning import _dp
 from mxmirror.planning.algorithm3 import grid_cuts
 from mxmirror.planning.analysis import Analysis
@@ -213,14 +214,14 @@ def least_memory(a: Analysis) -> SegmentPlan:
 
 def plan_for_budget(a: Analysis, budget_bytes: int) -> SegmentPlan:
     """The least-recompute segmented plan over every chain whose planned bytes fit;
-    PlanError naming the smallest reachable figure if none does."""
+    BudgetTooSmall naming the smallest reachable figure if none does."""
     fits = [p for sp in chains(a) if (p := _chain_for_budget(a, sp, budget_bytes))]
     if fits:
         return min(fits, key=lambda p: (recompute_of(p), p.planned_bytes))
     low = least_memory(a)
-    raise PlanError(f"budget {budget_bytes / 2**20:.0f} MB is below the smallest planned "
-                    f"memory reachable even with several recomputations per node "
-                    f"({low.planned_bytes / 2**20:.0f} MB); raise the budget")
+    raise BudgetTooSmall(f"budget {size(budget_bytes)} is below the smallest planned memory "
+                         f"reachable even with several recomputations per node "
+                         f"({size(low.planned_bytes)}); raise the budget")
 
 
 def _chain_for_budget(a: Analysis, sp: SegmentPlan, budget_bytes: int) -> SegmentPlan | None:
