@@ -69,6 +69,15 @@ def test_env_policy_plans_a_script_that_never_imports_mxmirror(tmp_path, probe) 
     assert "trained mirror=True mxmirror_loaded=True" in proc.stdout
 
 
+def test_env_policy_on_a_first_run(tmp_path) -> None:
+    """No template kept yet: the learner starts ahead of the script's import of MXNet, and
+    its own binds (and every child's) are never planned: no child learns in a child."""
+    proc = _run(tmp_path, MXMIRROR_POLICY="sqrt", MXMIRROR_CACHE=str(tmp_path / "cache"))
+    assert proc.returncode == 0, proc.stderr
+    assert "trained mirror=True mxmirror_loaded=True" in proc.stdout
+    assert list((tmp_path / "cache").glob("templates-mxnet-*.json"))
+
+
 def test_without_the_variable_mxmirror_is_not_loaded(tmp_path) -> None:
     proc = _run(tmp_path)
     assert proc.returncode == 0, proc.stderr

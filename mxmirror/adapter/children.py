@@ -3,10 +3,13 @@
 mxmirror binds in children whenever the parent must not pay for it: learning backward
 templates (MXNET_MEM_PLAN_VERBOSE_LOGGING is read once per process), MXNet's figure of a
 big graph (a bind leaves ~0.5 GB resident), a switch such as MXNET_BACKWARD_DO_MIRROR.
+A child can be started early (``start_early``), before it is asked anything: its own
+start-up (``import mxnet``, over a second) then overlaps the parent's.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -18,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from mxmirror.progress import task
+
+# the template learner: its module and settings (adapter/learn.py)
+LEARNER = ("mxmirror.adapter.learn", {"MXNET_MEM_PLAN_VERBOSE_LOGGING": "1"})
 
 _TOTAL_RE = re.compile(r"Total (\d+) MB allocated")
 _PKG_PARENT = str(Path(__file__).resolve().parents[2])
@@ -39,12 +45,15 @@ def run_child(module: str, *args: str, stdin: str = "", what: str | None = None,
     """Run ``python -m module args`` with `stdin` in child_env(**settings) and return its
     stdout; ChildFailed (with its last stderr line) if it fails. While it runs, progress
     reports `what` it does, counting the PROGRESS_LINE lines it prints of `total` `unit`s
-    (a child that prints none shows the time it has taken)."""
+    (a child that prints none shows the time it has taken). A child of the same module and
+    settings started early (no arguments) is used, once."""
     what = what or f"running {module} in a child process"
-    with task(what, total, unit) as done, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=err, text=True,
-                                env=child_env(**settings))
+    early = None if args else _early.pop(_key(module, settings), None)
+    if early is not None and early[0].poll() is not None:  # it died: start another
+        early[1].close()
+        early = None
+    proc, err = early or _start(module, args, settings)
+    with task(what, total, unit) as done, err:
         try:
             feed = threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True)
             feed.start()
@@ -64,6 +73,41 @@ def run_child(module: str, *args: str, stdin: str = "", what: str | None = None,
             err.seek(0)
             raise ChildFailed(proc.returncode, _tail(err.read()))
     return "".join(out)
+
+
+def _start(module: str, args: tuple, settings: dict[str, str]) -> tuple:
+    """``python -m module args`` started, its stderr to a file of its own."""
+    err = tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=err, text=True,
+                            env=child_env(**settings))
+    return proc, err
+
+
+_early: dict[tuple, tuple] = {}
+
+
+def _key(module: str, settings: dict[str, str]) -> tuple:
+    return (module, tuple(sorted(settings.items())))
+
+
+def start_early(module: str, **settings: str) -> None:
+    """Start ``python -m module`` now, reading its input only when run_child asks with the
+    same module and settings; one never asked is stopped when this process exits."""
+    key = _key(module, settings)
+    if key in _early:
+        return
+    if not _early:
+        atexit.register(_stop_early)
+    _early[key] = _start(module, (), settings)
+
+
+def _stop_early() -> None:
+    while _early:
+        proc, err = _early.popitem()[1]
+        proc.kill()
+        proc.communicate()
+        err.close()
 
 
 def one_more_done() -> None:
@@ -93,9 +137,12 @@ def _tail(stderr: str) -> str:
 
 def child_env(**settings: str) -> dict[str, str]:
     """The environment of a child running mxmirror: this package importable, MXNet's
-    subgraph chatter off, the mirror switch off unless given, plus `settings`."""
+    subgraph chatter off, the mirror switch off unless given, the bind hook off (a child's
+    own binds, a learner's one-op graphs, are never planned: planning them would learn in a
+    child again), plus `settings`."""
     env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE="0")
-    for key in ("MXNET_BACKWARD_DO_MIRROR", "MXNET_MEM_PLAN_VERBOSE_LOGGING"):
+    for key in ("MXNET_BACKWARD_DO_MIRROR", "MXNET_MEM_PLAN_VERBOSE_LOGGING",
+                "MXMIRROR_POLICY", "MXMIRROR_BUDGET"):
         env.pop(key, None)
     env.update(settings)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_PARENT, env.get("PYTHONPATH")) if p)

@@ -16,7 +16,7 @@ from mxmirror.adapter.children import error_line
 from mxmirror.adapter.learn import TemplateStore, learn
 from mxmirror.adapter.symbol import check_supported, load_mxnet, load_symbol
 from mxmirror.errors import PlanError
-from mxmirror.ir import backward, ops
+from mxmirror.ir import arity, backward, ops
 from mxmirror.ir.graph import (
     AUX,
     DTYPE_BYTES,
@@ -43,8 +43,11 @@ def store() -> TemplateStore:
     return _store
 
 
-def _parse_shapes(sym, shapes: dict[str, Any]) -> dict[str, tuple]:
-    inputs = set(sym.list_arguments()) | set(sym.list_auxiliary_states())
+def parse_shapes(sym, shapes: dict[str, Any], arguments: list[str] | None = None
+                 ) -> dict[str, tuple]:
+    """The given input shapes as tuples of ints; PlanError for an unknown input or a bad
+    shape. `arguments`: sym.list_arguments(), where the caller has it."""
+    inputs = set(arguments or sym.list_arguments()) | set(sym.list_auxiliary_states())
     out = {}
     for name, shape in shapes.items():
         if name not in inputs:
@@ -97,12 +100,13 @@ def inputs_text(sym) -> str:
 
 
 def load_graph(source: Any, shapes: dict[str, Any], type_dict: dict[str, str] | None = None,
-               grad_req: Any = None, strip: bool = False) -> Graph:
+               grad_req: Any = None, strip: bool = False, text: str | None = None) -> Graph:
     """Read a Symbol (object, JSON text or file) with input shapes into the Graph IR.
-    `strip`: leave out the mirror attributes a symbol may carry (the unplanned graph)."""
+    `strip`: leave out the mirror attributes a symbol may carry (the unplanned graph);
+    `text`: the symbol's own tojson(), where the caller has it."""
     load_mxnet()
     sym = load_symbol(source)
-    shapes = _parse_shapes(sym, shapes)
+    shapes = parse_shapes(sym, shapes)
     type_dict = {name: _dtype_name(dt) for name, dt in (type_dict or {}).items()}
     inputs = set(sym.list_arguments()) | set(sym.list_auxiliary_states())
     for name, dt in type_dict.items():
@@ -113,7 +117,7 @@ def load_graph(source: Any, shapes: dict[str, Any], type_dict: dict[str, str] | 
             raise PlanError(f"unknown dtype {dt!r} for {name!r}; use one of "
                             f"{', '.join(sorted(_DTYPES))}")
     req = normalize_grad_req(sym.list_arguments(), grad_req, module_default(shapes))
-    js = json.loads(sym.tojson())
+    js = json.loads(text or sym.tojson())
     check_supported(js)
     internals = sym.get_internals()
     ijs = json.loads(internals.tojson())
@@ -172,22 +176,40 @@ _DTYPES = set(DTYPE_BYTES) - {"int16", "uint16", "uint32", "uint64"}
 
 
 def _dtype_name(t: Any) -> str:
+    try:
+        return _DTYPE_NAMES[t]
+    except (KeyError, TypeError):  # not seen yet, or not hashable
+        pass
     import numpy as np
 
     try:
-        return np.dtype(t).name
+        name = np.dtype(t).name
     except TypeError:
-        return str(getattr(t, "__name__", t))
+        name = str(getattr(t, "__name__", t))
+    try:
+        _DTYPE_NAMES[t] = name
+    except TypeError:
+        pass
+    return name
+
+
+_DTYPE_NAMES: dict[Any, str] = {}  # what a dtype given as a type or name is called
 
 
 def learn_templates(graph: Graph) -> TemplateTable:
     """The templates of every op node of `graph` and of every node the segment model may
     add to its sub-graphs (``segments.subgraph.added_specs``), learned from MXNet where the
-    store lacks them (the second round learns literal templates at each node's shapes)."""
+    store lacks them (the second round learns literal templates at each node's shapes); a
+    variadic op at a new arity (a further bucket's Concat) is rewritten from the store's
+    (ir/arity.py), not learned."""
     st = store()
     specs = [backward.spec(graph, n) for n in graph.op_nodes] + added_specs(graph)
     for _ in range(2):
         pending = backward.missing(st.data, specs)
+        derived = arity.derive(st.data, pending)
+        if derived:
+            st.put_many(derived)
+            pending = {k: sp for k, sp in pending.items() if k not in derived}
         if not pending:
             break
         new = {}

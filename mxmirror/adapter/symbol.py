@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
-from mxmirror.adapter.children import error_line
+from mxmirror.adapter.children import LEARNER, error_line, start_early
 from mxmirror.errors import PlanError
+from mxmirror.planning.cache import templates_kept
+
+
+def learner_ahead() -> None:
+    """On a new user's first run (no template kept yet), before this process imports MXNet:
+    start the template learner now, so that its own import of MXNet overlaps this one."""
+    if "mxnet" not in sys.modules and not templates_kept():
+        start_early(LEARNER[0], **LEARNER[1])
 
 
 def load_mxnet():
+    """MXNet, imported (the learner started ahead of it on a first run)."""
+    learner_ahead()
     try:
         import mxnet as mx
     except ImportError as exc:  # pragma: no cover - install problem
@@ -24,11 +35,12 @@ NDARRAY_FILE_MAGIC = (0x112).to_bytes(8, "little")
 
 
 def load_symbol(source: Any):
-    """An mx.sym.Symbol from a Symbol, a JSON string or a path to a JSON file."""
-    mx = load_mxnet()
-    if isinstance(source, mx.sym.Symbol):
-        return source
+    """An mx.sym.Symbol from a Symbol, a JSON string or a path to a JSON file (a file or
+    text that is no symbol is refused before MXNet is imported)."""
     if not isinstance(source, (str, bytes, Path)):
+        mx = load_mxnet()
+        if isinstance(source, mx.sym.Symbol):
+            return source
         raise PlanError(f"expected an mx.sym.Symbol, symbol JSON text or a path to a "
                         f"-symbol.json file, not {type(source).__name__}")
     if isinstance(source, bytes):
@@ -67,6 +79,7 @@ def load_symbol(source: Any):
             raise ValueError("no heads: the symbol has no output")
     except ValueError as exc:
         raise PlanError(f"not an MXNet symbol JSON ({exc}); save one with sym.save()") from None
+    mx = load_mxnet()
     try:
         return mx.sym.load_json(text)
     except Exception as exc:  # MXNetError

@@ -209,6 +209,12 @@ def cmd_memory(args) -> int:
     sim = {s: memory_plan.simulate(base, s).mb for s in memory_plan.STRATEGIES}
     sim["planned"] = p.planned_mb
     out = {"policy": args.policy, "simulated_mb": {k: round(v, 3) for k, v in sim.items()}}
+    if p.execution.kind == "mirror":  # the distance to the limit (planning/reference.py)
+        from mxmirror.planning.reference import live_peak_bytes, reference
+
+        ref = reference(p.analysis)
+        out["live_peak_mb"] = round(live_peak_bytes(p.analysis, p.recomputed_ids) / 2**20, 3)
+        out["reference_mb"] = None if ref is None else round(ref.reference_bytes / 2**20, 3)
     if not args.no_bind:
         sharing = mxnet_mb_many([{
             "symbol": p.source_json, "shapes": shapes, "type_dict": dtypes,
@@ -227,6 +233,10 @@ def cmd_memory(args) -> int:
     for k in ("none", "inplace", "sharing", "planned"):
         mx_mb = out.get("mxnet_mb", {}).get(k, "")
         print(f"{k:<10} {sim[k]:>13.1f} {'-' if mx_mb is None else mx_mb!s:>9}")
+    if "live_peak_mb" in out:
+        print(f"live peak of the plan under ideal allocation: {out['live_peak_mb']:.1f} MB; "
+              f"the best one-recompute plan's: "
+              + ("-" if out["reference_mb"] is None else f"{out['reference_mb']:.1f} MB"))
     print("\n".join(memory_share(p)))
     return 0
 

@@ -16,8 +16,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from mxmirror.adapter.symbol import load_mxnet
-from mxmirror.api import prepare
+from mxmirror.adapter.symbol import learner_ahead, load_mxnet
+from mxmirror.api import plan
 from mxmirror.errors import EXIT_BAD_INPUT, PlanError
 from mxmirror.ir.graph import normalize_grad_req
 from mxmirror.log import log
@@ -100,8 +100,8 @@ def _plan_for(symbol, policy, budget, grad_req, type_dict, shapes, ctx=None,
             return _plans[key]
         if key in _failed:  # warned once already; do not plan (or learn) again
             return None
-        p = prepare(symbol, type_dict=type_dict, grad_req=grad_req,
-                    **shapes).plan(policy, budget, ctx, or_smallest=not strict)
+        p = plan(symbol, policy=policy, budget=budget, type_dict=type_dict, grad_req=grad_req,
+                 ctx=ctx, or_smallest=not strict, **shapes)
     except Exception as exc:  # never break the user's script
         if strict:
             raise
@@ -213,6 +213,7 @@ def enable_from_env() -> None:
     from mxmirror.frontends.startup import when_imported
 
     if os.environ.get("MXMIRROR_POLICY"):
+        learner_ahead()  # the script imports MXNet itself: start the learner before it
         when_imported("mxnet", _enable_env)
 
 

@@ -33,6 +33,7 @@ import numpy as np
 
 from mxmirror.errors import BudgetTooSmall
 from mxmirror.log import size
+from mxmirror.planning import _dp
 from mxmirror.planning.algorithm3 import grid_cuts
 from mxmirror.planning.analysis import Analysis
 from mxmirror.planning.chains import MAX_SEGMENTS, finest_cuts
@@ -55,28 +56,9 @@ class Table:
         bu = np.array([math.ceil(b / unit) if b > 0 else 0 for b in state_bytes], dtype=np.int64)
         self.bu = bu
         prefix = np.concatenate(([0.0], np.cumsum(flops)))
-        K = levels
-        Ms = np.arange(K + 1)
-        cost = np.full((m + 1, m + 1, K + 1), np.inf, dtype=np.float64)
-        arg = np.full((m + 1, m + 1, K + 1), -1, dtype=np.int32)
-        for s in range(m):
-            cost[s, s + 1, :] = flops[s]
-        for length in range(2, m + 1):
-            for s in range(0, m - length + 1):
-                e = s + length
-                mids = np.arange(s + 1, e)
-                adv = prefix[mids] - prefix[s]
-                pair = bu[s + 1:e].copy()
-                pair[1:] += bu[s + 1:e - 1]
-                peak = np.maximum.accumulate(pair)
-                idx = Ms[None, :] - bu[mids][:, None]
-                right = np.take_along_axis(cost[mids, e, :], np.clip(idx, 0, K), axis=1)
-                right[idx < 0] = np.inf
-                tot = adv[:, None] + right + cost[s, s + 1:e, :]
-                tot[peak[:, None] > Ms[None, :]] = np.inf
-                j = tot.argmin(axis=0)
-                cost[s, e, :] = tot[j, Ms]
-                arg[s, e, :] = mids[j]
+        cost = np.empty((m + 1, m + 1, levels + 1), dtype=np.float64)
+        arg = np.empty((m + 1, m + 1, levels + 1), dtype=np.int32)
+        _dp.table(np.asarray(flops, dtype=np.float64), prefix, bu, cost, arg)
         self.cost, self.arg = cost, arg
         self.total_flops = float(prefix[-1])
 

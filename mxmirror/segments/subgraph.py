@@ -34,6 +34,7 @@ def make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry],
     local: dict[int, int] = {}
     var_of: dict[tuple, int] = {}
     slots: list[tuple[str, tuple]] = []
+    per_kind: dict[str, int] = {}  # slots made so far, by kind
     inputs: list[Entry] = []
     ids_set = set(ids)
 
@@ -50,8 +51,8 @@ def make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry],
         if key not in var_of:
             # one counter per kind, so that slots of the same role get the same name in
             # every template and share one array (shared_buffer)
-            prefix = _PREFIX[key[0]]
-            name = f"{prefix}{sum(1 for _, k in slots if k[0] == key[0])}"
+            name = f"{_PREFIX[key[0]]}{per_kind.get(key[0], 0)}"
+            per_kind[key[0]] = per_kind.get(key[0], 0) + 1
             kind = AUX if key[0] == "aux" else (INPUT if grad == "null" else PARAM)
             if kind == AUX:  # shared_exec lends its aux arrays by name: name the shape
                 name += "_" + "x".join(map(str, shape)) + "_" + dtype
