@@ -9,22 +9,16 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
 from mxmirror.gluon.block import PlannedBlock
-from mxmirror.gluon.calls import _check_fed_by_planned, _check_inputs, _mx
+from mxmirror.gluon.inputs import check_fed_by_planned, check_inputs
 from mxmirror.log import log
 
-# ------------------------------------------------------------ the unchanged-script hook
-_hook: dict[str, Any] = {}
-
-
-_planned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-_reported: weakref.WeakSet = weakref.WeakSet()
-
-
-_depth = threading.local()
+_hook: dict[str, Any] = {}  # "call": HybridBlock.__call__ as MXNet has it
+_planned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # block -> its PlannedBlock
+_reported: weakref.WeakSet = weakref.WeakSet()  # blocks whose unplanned line was logged
+_depth = threading.local()  # .inside: within a planned call; .quiet: within an unhybridized one
 
 
 def install(state: Callable[[], tuple[str | None, Any]]) -> None:
@@ -32,7 +26,7 @@ def install(state: Callable[[], tuple[str | None, Any]]) -> None:
     PlannedBlock while ``state()`` (the bind hook's policy, budget) names a policy."""
     if _hook:
         return
-    mx = _mx()
+    mx = load_mxnet()
     hybrid = mx.gluon.HybridBlock
     original = _hook["call"] = hybrid.__call__
 
@@ -53,8 +47,8 @@ def install(state: Callable[[], tuple[str | None, Any]]) -> None:
             finally:
                 _depth.quiet = quiet
         try:
-            _check_inputs(args, kwargs)
-            _check_fed_by_planned(args)
+            check_inputs(args, kwargs)
+            check_fed_by_planned(args)
         except PlanError as e:
             if self not in _reported and not getattr(_depth, "quiet", False):
                 _reported.add(self)

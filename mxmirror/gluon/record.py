@@ -1,15 +1,15 @@
-"""The autograd bridge: a planned call recorded on autograd's tape as a custom function
-whose backward callback fills the input gradients autograd asks for.
+"""A node on autograd's tape whose backward is a Python callback: MXNet's C API
+MXCustomFunctionRecord, called through ctypes.
 
 mx.autograd.Function is not used: its backward stops at the first input whose req is null
 and silently skips req 'add' (MXNet 1.9.1), and a block's input often has no gradient
-while the probe after it needs one.
+while the probe after it needs one. Kept alone because it is the one place that speaks
+MXNet's C calling convention.
 """
 
 from __future__ import annotations
 
 import ctypes
-import threading
 import traceback
 from typing import Any
 
@@ -17,8 +17,6 @@ from mxmirror.log import log
 
 _REQ = {0: "null", 1: "write", 2: "write", 3: "add"}  # MXNet's OpReqType codes
 
-
-# ------------------------------------------------------------ the autograd bridge
 _BACKWARD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int,
                              ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int),
                              ctypes.c_int, ctypes.c_void_p)
@@ -27,23 +25,16 @@ _BACKWARD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int,
 _DELETE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 
 
-_one_backward = threading.Lock()
-
-
 _alive: dict[int, Any] = {}  # callbacks autograd still holds, by record id
 
 
 _counter = [0]
 
 
-def _record(inputs: list, outputs: list, backward: Any, release: Any) -> None:
+def record_function(inputs: list, outputs: list, backward: Any, release: Any) -> None:
     """Put outputs = f(inputs) on autograd's tape; backward(out_grads, in_grads, reqs)
-    fills in_grads honouring each req ('null', 'write', 'add').
-
-    mx.autograd.Function is not used: its backward stops at the first input whose req is
-    null and silently skips req 'add' (MXNet 1.9.1), and a block's input often has no
-    gradient while the probe after it needs one.
-    """
+    fills in_grads honouring each req ('null', 'write', 'add'); release() runs once
+    autograd drops the node (its graph freed, or backward done without retain_graph)."""
     from mxnet.base import _LIB, MXCallbackList, NDArrayHandle, c_array, c_handle_array, check_call
     from mxnet.ndarray import NDArray
 
