@@ -47,7 +47,7 @@ def child(mode: str, blocks: int, batch: int, steps: int) -> None:
     out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
            "wall": wall, "cpu": cpu}
     if mode != "plain":
-        (bound,) = run._bound.values()
+        (bound,) = run.executors
         out["kind"] = "segmented" if isinstance(bound.exec, SegmentedExecutor) else "mirror"
         out["predicted_mb"] = bound.plan.planned_mb
         if out["kind"] == "segmented":  # its templates share one pool: count every array

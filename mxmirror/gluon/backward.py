@@ -1,10 +1,19 @@
-"""autograd's backward() as planned calls need it: wrapped once a PlannedBlock exists.
+"""autograd's backward() and grad() as planned calls need them: wrapped once a
+PlannedBlock exists.
 
-The Parameters of planned calls are off autograd's tape (block.py says why), so
-backward() writes their gradients itself, after autograd's own backward and once the
-callbacks of the planned calls it reached have queued their work; and it refuses, with
-a PlanError before anything runs, what a pending planned call cannot take part in
-(inputs whose gradients autograd would sum, autograd.grad, retain_graph).
+A backward() that reaches planned calls runs in three parts, all from the caller's thread:
+autograd's own backward, which stops at the planned calls' outputs (marked variables) and
+writes their gradients; then, in the order plain Gluon's autograd would have run them
+(order.py), each reached call's executor backward, and, where an input computed by
+recorded operators has had every planned call that reads it run, autograd's backward of
+that input's history with the summed gradient; last the Parameters' and marked inputs'
+gradients, every sum with the terms and the operator MXNet would have used. Nothing runs
+inside one of MXNet's engine callbacks and nothing waits for one, so no operator waits for
+a resource held by an operator that waits for it (the deadlocks of MXNet 1.9.1 the earlier
+design had to refuse). autograd.grad runs the same way and returns its gradients without
+writing any (the Parameters' gradient arrays, which the executors write, are restored). A
+graph kept with retain_graph=True keeps its calls: a later backward runs their forward
+again first.
 """
 
 from __future__ import annotations
@@ -14,145 +23,433 @@ from typing import Any
 
 from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
-from mxmirror.gluon.calls import all_calls, chain_lock, chains
-from mxmirror.gluon.inputs import trained_variable
+from mxmirror.gluon import calls
+from mxmirror.gluon.order import Node, from_json, replay
 
-_originals: list = []  # autograd.backward, NDArray.backward, autograd.grad as MXNet has them
+_originals: dict[str, Any] = {}  # MXNet's autograd.backward, NDArray.backward, autograd.grad
 
 
 def wrap_backward() -> None:
-    """Make autograd's backward() return only once the backward callbacks of the planned
-    calls it reached have queued their work. Until then, an op the caller queues next
-    that needs the callbacks' results and holds a temp-space resource (Adam's update in
-    Trainer.step, the next forward) would deadlock MXNet 1.9.1's engine as autograd's own
-    gradient sum does (block.py's docstring)."""
+    """Route autograd.backward, NDArray.backward and autograd.grad through planned calls."""
     mx = load_mxnet()
     if _originals:
         return
-    originals = (mx.autograd.backward, mx.nd.NDArray.backward, mx.autograd.grad)
-    _originals.extend(originals)
+    _originals.update(backward=mx.autograd.backward, array=mx.nd.NDArray.backward,
+                      grad=mx.autograd.grad)
 
     def backward(heads: Any, head_grads: Any = None, retain_graph: bool = False,
-                 *args: Any, **kwargs: Any) -> None:
-        _refuse_unsupported("backward(retain_graph=True)", retain_graph)
-        _check_input_uses(heads)
-        originals[0](heads, head_grads, retain_graph, *args, **kwargs)
-        _write_param_grads()
+                 train_mode: bool = True) -> None:
+        run(heads, head_grads, retain_graph, train_mode)
 
     def array_backward(self: Any, out_grad: Any = None, retain_graph: bool = False,
-                       *args: Any, **kwargs: Any) -> None:
-        _refuse_unsupported("backward(retain_graph=True)", retain_graph)
-        _check_input_uses(self)
-        originals[1](self, out_grad, retain_graph, *args, **kwargs)
-        _write_param_grads()
+                       train_mode: bool = True) -> None:
+        run([self], None if out_grad is None else [out_grad], retain_graph, train_mode)
 
-    def grad(*args: Any, **kwargs: Any) -> Any:
-        _refuse_unsupported("autograd.grad", True)
-        return originals[2](*args, **kwargs)
+    def grad(heads: Any, variables: Any, head_grads: Any = None, retain_graph: Any = None,
+             create_graph: bool = False, train_mode: bool = True) -> Any:
+        return run(heads, head_grads, create_graph if retain_graph is None else retain_graph,
+                   train_mode, variables=variables, create_graph=create_graph)
 
     mx.autograd.backward = backward
     mx.nd.NDArray.backward = array_backward
     mx.autograd.grad = grad
 
 
-def _refuse_unsupported(what: str, asked: Any) -> None:
-    """A PlanError, before anything runs, for what a pending planned call cannot take part
-    in: autograd.grad (the Parameters are off the tape, and nothing would wait for the
-    calls' callbacks: measured, the engine stalls) and a backward that keeps the graph for
-    another (a second backward would run the executors again on state already used)."""
-    if not asked:
-        return
-    with chain_lock:
-        pending = any(not call.written and not call.ran.is_set() for call in all_calls())
-    if pending:
-        raise PlanError(f"{what} is not supported through a planned Gluon call (PlannedBlock, "
-                        f"or mxmirror run / enabled()); call backward() once per record(), "
-                        f"or run the block unplanned (policy none) for this computation")
+def _listed(x: Any) -> list:
+    return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-def _check_input_uses(heads: Any) -> None:
-    """Before backward(): a planned call's input whose gradient autograd must sum with
-    another (the input used by another recorded op, twice by one call, or by two calls)
-    is refused. autograd's sum takes a temp-space resource and waits for the planned
-    call's backward, whose executor ops then wait for the same resource: MXNet 1.9.1's
-    engine deadlocks (block.py's docstring; measured with MXNET_CPU_TEMP_COPY=1)."""
+def _graph(heads: list) -> dict | None:
     mx = load_mxnet()
-    with chain_lock:
-        if not any(call.bound.wants_input_grads and not call.written for call in all_calls()):
-            return  # the usual case: no planned call was given an input with a gradient
-    heads = heads if isinstance(heads, (list, tuple)) else [heads]
     try:
-        graph = json.loads(mx.sym.Group([mx.autograd.get_symbol(h) for h in heads]).tojson())
+        return json.loads(mx.sym.Group([mx.autograd.get_symbol(h) for h in heads]).tojson())
     except mx.base.MXNetError:
-        return  # a head not on the tape: autograd's own backward() says so
-    nodes = graph["nodes"]
-    wanted = []  # the node's outputs need a gradient
-    for n in nodes:
-        wanted.append(trained_variable(n) if n["op"] == "null"
-                      else any(wanted[i] for i, _, _ in n["inputs"]))
-    uses: dict[tuple, int] = {}
-    for n in nodes:
-        for i, out, _ in n["inputs"]:
-            uses[i, out] = uses.get((i, out), 0) + 1
-    for i, out, _ in graph["heads"]:
-        uses[i, out] = uses.get((i, out), 0) + 1
-    for n in nodes:
-        if n["op"] != "_CustomFunction":
-            continue
-        for i, out, _ in n["inputs"]:
-            if wanted[i] and uses[i, out] > 1:
-                with chain_lock:  # the refused graph's calls: never backward()ed now
-                    for call in all_calls():
-                        call.ran.set()
+        return None
+
+
+def run(heads: Any, head_grads: Any, retain_graph: bool, train_mode: bool,
+        variables: Any = None, create_graph: bool = False) -> Any:
+    """backward() (variables None) or autograd.grad() with planned calls pending."""
+    heads = _listed(heads)
+    if head_grads is not None:
+        head_grads = _listed(head_grads)
+    with calls.lock:
+        try:
+            pending = calls.pending()
+            graph = _graph(heads) if pending else None
+            names = {n["name"] for n in graph["nodes"]} if graph else set()
+            reached = any(v in names for c in pending for v in c.vars if v) or \
+                any(e.var in names or e.old_name in names for e in calls.remarked())
+            if not reached:  # nothing planned on the way: autograd alone
+                if variables is None:
+                    return _originals["backward"](heads, head_grads, retain_graph, train_mode)
+                return _originals["grad"](heads, variables, head_grads, retain_graph,
+                                          create_graph, train_mode)
+            if create_graph:
+                raise PlanError("autograd.grad(create_graph=True) through a planned Gluon call "
+                                "is not supported: a planned executor's backward is not "
+                                "recorded for a second derivative; run the block unplanned "
+                                "(policy none, or outside mxmirror run) for this computation")
+            job = _Backward(heads, graph, pending, retain_graph, train_mode,
+                            None if variables is None else _listed(variables))
+            return job.run(head_grads)
+        finally:
+            calls.backward_ran()
+
+
+class _Backward:
+    """One backward() (or autograd.grad) through planned calls."""
+
+    def __init__(self, heads: list, graph: dict, pending: list, retain_graph: bool,
+                 train_mode: bool, variables: list | None) -> None:
+        self.heads, self.graph, self.pending = heads, graph, pending
+        self.retain, self.train_mode, self.variables = retain_graph, train_mode, variables
+        self.names = {n["name"] for n in graph["nodes"]}
+        self.entries = calls.remarked()
+        self.call_nodes: dict[Any, Node] = {}
+        self.leaves: dict[int, tuple] = {}  # id -> (marked input, its var, {call: grad})
+        self.params: dict[tuple, dict] = {}  # (Parameter, ctx) -> {call: gradient array}
+        self.param_facts: dict[tuple, tuple] = {}  # (Parameter, ctx) -> (context, var name)
+        self.given: dict[str, list] = {}  # autograd.grad: each pass's gradient by variable
+        self.results: list[list] = [[] for _ in variables or []]
+        self.flushed: set = set()
+
+    def run(self, head_grads: Any) -> Any:
+        shared = any(e.old_name in self.names for e in self.entries)
+        for call in self.pending:
+            if call.retained:
+                for o in call.marked:
+                    if o is not None:
+                        o._fresh_grad = False
+        self._isolate_adds()
+        self._pass(self.heads, head_grads, self.retain or shared, self.names)
+        with load_mxnet().autograd.pause():  # backward() may be called inside record()
+            self._after_autograd()
+        if self.variables is not None:
+            mx = load_mxnet()
+            return [(combine(r) if len(r) > 1 else r[0].copy()) if r else
+                    mx.nd.zeros(v.shape, v.context, dtype=v.dtype)  # arrays of the caller's
+                    for r, v in zip(self.results, self.variables)]
+        return None
+
+    def _pass(self, heads: list, head_grads: Any, retain: bool, names: set) -> None:
+        """One autograd pass: a backward, or for autograd.grad the gradients of the asked
+        variables and of the marked arrays it reaches, kept by variable."""
+        if self.variables is None:
+            _originals["backward"](heads, head_grads, retain, self.train_mode)
+            return
+        mx = load_mxnet()
+        asked = [(i, v) for i, v in enumerate(self.variables) if _name(v) in names]
+        marked = [(c.vars[k], o) for c in self.pending for k, o in enumerate(c.marked)
+                  if o is not None and c.vars[k] in names]
+        marked += [(e.var, e.x) for e in self.entries if e.var in names]
+        wanted = [v for _, v in asked] + [o for _, o in marked]
+        if not wanted:
+            return
+        got = _originals["grad"](heads, wanted, head_grads, retain, False, self.train_mode)
+        with mx.autograd.pause():
+            for (i, _), g in zip(asked, got):
+                self.results[i].append(g)
+            for (name, _), g in zip(marked, got[len(asked):]):
+                self.given.setdefault(name, []).append(g)
+
+    def _autograd_terms(self, var: str, buffer: Any, marked: Any, saved: list) -> list:
+        """What autograd's passes gave one marked array: kept copies and the buffer it
+        wrote last (backward), or every pass's returned gradient (autograd.grad)."""
+        if self.variables is not None:
+            return list(self.given.get(var, []))
+        return saved + ([buffer] if marked._fresh_grad else [])
+
+    def _after_autograd(self) -> None:
+        known, order_heads = self._replay_graph()
+        order, self.contributors = replay(order_heads)
+        self.known = known
+        reached = [n.call for n in order if n.call is not None]
+        self._keep_param_grads(reached)
+        anchors = {e.old_name: e for e in self.entries}
+        group: list = []
+        for node in order:
+            if node.call is not None:
+                self._flush(group)
+                group = []
+                self._process(node.call)
+            elif node.name in anchors and anchors[node.name].terms:
+                group.append(anchors[node.name])
+        self._flush(group)
+        self._write_params()
+        self._write_leaves()
+        done = set(reached)
+        for call in self.pending:
+            if call in done:
+                if self.retain:
+                    call.retained = True
+                    call.saved = [[] for _ in call.outputs]
+                    call.terms = [{} for _ in call.outputs]
+                else:
+                    call.drop()
+            else:
+                call.missed += 1
+
+    # ------------------------------------------------------------------ the replayed graph
+    def _replay_graph(self) -> tuple[dict, list]:
+        """The recorded graph with every pending call as one node (as the CachedOp would
+        be) and every re-marked input back on its history."""
+        known, heads = from_json(self.graph)
+        for e in self.entries:
+            from_json(e.graph, known)
+        replace: dict[str, Any] = {}
+        for call in self.pending:
+            for k, v in enumerate(call.vars):
+                if v is not None:
+                    replace[v] = (call, k)
+        for e in self.entries:
+            replace[e.var] = e
+
+        def entry(src: Node, k: int) -> tuple:
+            target = replace.get(src.name) if src.is_variable else None
+            if target is None:
+                return (src, k)
+            if isinstance(target, calls.Remarked):
+                return self._old_entry(target, known)
+            return (self._call_node(target[0], known), target[1])
+
+        for node in list(known.values()):
+            node.inputs = [entry(src, k) for src, k in node.inputs]
+        return known, [entry(n, k) for n, k in heads]
+
+    @staticmethod
+    def _old_entry(e: calls.Remarked, known: dict) -> tuple:
+        head = e.graph["heads"][0]
+        return (known[e.graph["nodes"][head[0]]["name"]], head[1])
+
+    def _call_node(self, call: Any, known: dict) -> Node:
+        node = self.call_nodes.get(call)
+        if node is not None:
+            return node
+        node = self.call_nodes[call] = Node(f"call {id(call)}", call=call,
+                                            num_outputs=len(call.outputs))
+        ex = call.executor
+        data = dict(zip(ex.names, call.sources))
+        for name in ex.inputs_order:  # as the CachedOp lists its inputs
+            s = data.get(name)
+            if s is not None and s.kind == "output":
+                node.inputs.append((self._call_node(s.call, known), s.index))
+            elif s is not None and s.kind == "leaf":
+                node.inputs.append((_var(s.var, known), 0))
+            elif s is not None and s.kind == "remarked":
+                node.inputs.append(self._old_entry(s.entry, known))
+            elif name in ex.param_vars:
+                node.inputs.append((_var(ex.param_vars[name], known), 0))
+        return node
+
+    def _ordered(self, key: tuple, planned: dict, autograd: list) -> list:
+        """The terms of one gradient in the order its sum takes them: planned calls'
+        where the replay puts them, autograd's (summed by its own pass) at the first
+        operator of the tape (or head) that contributes."""
+        out, placed, left = [], False, dict(planned)
+        for contributor in self.contributors.get(key, []):  # None: a head's gradient
+            if contributor is not None and contributor.call is not None:
+                if contributor.call in left:
+                    out.append(left.pop(contributor.call))
+            elif not placed:
+                out.extend(autograd)
+                placed = True
+        if not placed:
+            out.extend(autograd)
+        return out + list(left.values())
+
+    # ------------------------------------------------------------------ running calls
+    def _process(self, call: Any) -> None:
+        mx = load_mxnet()
+        ex = call.executor
+        if call.retained:
+            if ex.random:
                 raise PlanError(
-                    "an input of a planned call needs its gradient and is also used by "
-                    "another recorded operator or call: autograd would sum its gradients "
-                    "with an operator that deadlocks MXNet 1.9.1 beside the planned "
-                    "backward. Call the block itself (unplanned) where its input has "
-                    "another use, or detach() the other use if it needs no gradient")
+                    f"backward() reaches a planned call of {call.planned.block.name} a second "
+                    f"time (retain_graph=True) and its graph draws random numbers (Dropout): "
+                    f"running its forward again would draw other ones. Use one backward() "
+                    f"per record(), or policy none for this block")
+            ex.rerun_forward()
+        node = self.call_nodes[call]
+        heads = []
+        for k, o in enumerate(call.outputs):
+            terms = []
+            if call.marked[k] is not None:
+                given = self._autograd_terms(call.vars[k], call.buffers[k], call.marked[k],
+                                             call.saved[k])
+                terms = self._ordered((node, k), call.terms[k], given)
+            heads.append(combine(terms) if terms else mx.nd.zeros(o.shape, o.context,
+                                                                   dtype=o.dtype))
+        ex.backward(heads)
+        for s, g in zip(call.sources, ex.input_grads):
+            if s.kind == "output":
+                s.call.terms[s.index][call] = g
+            elif s.kind == "leaf":
+                self.leaves.setdefault(id(s.array), (s.array, s.var, {}))[2][call] = g
+            elif s.kind == "remarked":
+                s.entry.terms[call] = g
+        for name, p in ex.trained:
+            key = (p, str(ex.ctx))
+            self.params.setdefault(key, {})[call] = ex.grad_term(name)
+            self.param_facts[key] = (ex.ctx, ex.param_vars[name])
+
+    def _flush(self, group: list) -> None:
+        """autograd's backward of re-marked inputs' histories, each with its summed
+        gradient (one pass for the inputs whose planned calls have all run)."""
+        if not group:
+            return
+        mx = load_mxnet()
+        totals = []
+        for e in group:
+            given = self._autograd_terms(e.var, e.buffer, e.x, e.saved)
+            terms = self._ordered(self._old_entry(e, self.known), e.terms, given)
+            totals.append(combine(terms) if terms else mx.nd.zeros(e.x.shape, e.x.context,
+                                                                   dtype=e.x.dtype))
+        reach = set().union(*(e.vars for e in group))
+        if self.variables is None:  # what an earlier pass wrote, kept as terms
+            for call in self.pending:
+                for k, v in enumerate(call.vars):
+                    if v in reach and call.marked[k]._fresh_grad:
+                        call.saved[k].append(call.buffers[k].copy())
+            for other in self.entries:
+                if other.var in reach and other.x._fresh_grad:
+                    other.saved.append(other.buffer.copy())
+        self.flushed.update(id(e) for e in group)
+        later = [e for e in self.entries if id(e) not in self.flushed]
+        names = set().union(*({n["name"] for n in e.graph["nodes"]} for e in group))
+        keep = self.retain or any(names & {n["name"] for n in e.graph["nodes"]} for e in later)
+        self._pass([e.old for e in group], totals, keep, names)
+        for e in group:
+            e.terms = {}
+            if not self.retain:
+                calls.forget(e)
+
+    # ------------------------------------------------------------------ Parameters, inputs
+    def _isolate_adds(self) -> None:
+        """Before autograd's pass: the old gradient of every Parameter with grad_req 'add'
+        a pending call trains, set aside and zeroed, so that what autograd adds (another
+        recorded use) is its own term."""
+        self.old: dict[tuple, Any] = {}
+        if self.variables is not None:
+            return
+        for call in self.pending:
+            ex = call.executor
+            for _, p in ex.trained:
+                key = (p, str(ex.ctx))
+                if p.grad_req == "add" and key not in self.old:
+                    grad = p.grad(ex.ctx)
+                    self.old[key] = (grad.copy(), ex.ctx)
+                    grad[:] = 0
+
+    def _keep_param_grads(self, reached: list) -> None:
+        """Before any executor writes a Parameter's own gradient array: what autograd
+        wrote there (another recorded use) set aside. A Parameter whose one term is the
+        executor's gets its old gradient back, to add to in the kernel as the CachedOp
+        does; the others stay zeroed. For autograd.grad the whole array, restored after."""
+        self.kept: dict[tuple, Any] = {}
+        counts: dict[tuple, int] = {}
+        writers: dict[tuple, Any] = {}
+        for call in reached:
+            ex = call.executor
+            for name, p in ex.trained:
+                key = (p, str(ex.ctx))
+                counts[key] = counts.get(key, 0) + 1
+                if ex.writes(name):
+                    writers[key] = (p, ex.ctx)
+        for key, (p, ctx) in writers.items():
+            data, grad = p.data(ctx), p.grad(ctx)
+            if self.variables is not None:
+                self.kept[key] = grad.copy()
+                grad[:] = 0
+            elif data._fresh_grad:
+                self.kept[key] = grad.copy()
+                if p.grad_req == "add":
+                    grad[:] = 0
+            elif key in self.old and counts[key] == 1:
+                grad[:] = self.old.pop(key)[0]
+
+    def _write_params(self) -> None:
+        for key, planned in self.params.items():
+            p = key[0]
+            ctx, var_name = self.param_facts[key]
+            data, grad = p.data(ctx), p.grad(ctx)
+            var = self.known.get(var_name)
+            if self.variables is not None:
+                total = combine(self._ordered((var, 0), planned, []))
+                self._give(data, [total.copy() if total is grad else total])
+                if key in self.kept:
+                    grad[:] = self.kept[key]
+                continue
+            autograd = self.kept.get(key)
+            if autograd is None and data._fresh_grad:
+                autograd = grad  # autograd's term, and no executor of this backward wrote it
+            terms = self._ordered((var, 0), planned, [autograd] if autograd is not None else [])
+            if key in self.old:
+                accumulate(grad, self.old.pop(key)[0], terms)
+            elif not (len(terms) == 1 and terms[0] is grad):  # else added in the kernel
+                grad[:] = combine(terms)
+            data._fresh_grad = True
+        for (p, _), (old, ctx) in self.old.items():  # no planned call reached: autograd's
+            grad = p.grad(ctx)
+            if p.data(ctx)._fresh_grad:
+                accumulate(grad, old, [grad])
+            else:
+                grad[:] = old
+
+    def _write_leaves(self) -> None:
+        for x, var_name, planned in self.leaves.values():
+            total = combine(self._ordered((_var(var_name, self.known), 0), planned, []))
+            if self.variables is not None:
+                self._give(x, [total])
+            elif x._fresh_grad:  # autograd wrote its other uses' gradient: add the rest
+                x.grad[:] += total
+            else:
+                _originals["backward"]([x], [total], False, self.train_mode)  # its grad_req
+
+    def _give(self, array: Any, terms: list) -> None:
+        """autograd.grad: terms of the gradient of an asked variable."""
+        for i, v in enumerate(self.variables):
+            if v is array:
+                self.results[i].extend(terms)
 
 
-def _write_param_grads() -> None:
-    """After autograd's backward(), from the caller's thread: once the callbacks of the
-    planned calls it reached have queued their executors' backwards, write every trained
-    Parameter's gradient from theirs, honouring its grad_req, and mark it fresh for
-    Trainer.step. Several calls' gradients are summed in the order plain Gluon's autograd
-    sums them (last call first), and added to autograd's own when another recorded op
-    used the Parameter too (autograd marked it fresh: run() had unmarked it)."""
+def _name(x: Any) -> str | None:
+    from mxmirror.gluon.inputs import recorded
+
+    graph = recorded(x)
+    return None if graph is None else graph["nodes"][graph["heads"][0][0]]["name"]
+
+
+def _var(name: str, known: dict) -> Node:
+    if name not in known:
+        known[name] = Node(name, needs_grad=True)
+    return known[name]
+
+
+def combine(terms: list) -> Any:
+    """The sum MXNet's AggregateGradient makes of these terms, in this order: the term
+    itself, ElementWiseSum (whose 3- and 4-term kernels round differently from adding one
+    term at a time, measured), or terms added one at a time (ElementWiseSum from 5 terms,
+    the _grad_add chain from 8)."""
     mx = load_mxnet()
-    terms: dict[int, tuple[Any, Any, list]] = {}  # by the Parameter's array on a context
-    with chain_lock:
-        for _, _, chain in chains():
-            if any(call.reached() for call in chain.calls):
-                for call in chain.calls:  # later calls it did not reach: their tokens'
-                    if not call.reached():  # history is cleared, so no backward()
-                        call.ran.set()  # reaches them any more
-            for call in reversed(chain.calls):
-                if not call.reached():
-                    continue
-                call.wait()
-                bound = call.bound
-                for (name, p), grad in zip(bound.trained, bound.param_grads
-                                           if call.outputs_reached else []):
-                    data = p.data(bound.ctx)
-                    entry = terms.setdefault(id(data), (p, bound.ctx, []))
-                    if name not in bound.direct:  # else the executor added it
-                        entry[2].append(grad)
-                bound.probe._fresh_grad = False
-                call.ran.clear()  # a backward(retain_graph=True) may run it again
-                call.written = True
-        with mx.autograd.pause():  # backward() may be called inside record()
-            for p, ctx, grads in terms.values():
-                data, dst = p.data(ctx), p.grad(ctx)
-                if grads:
-                    total = grads[0] if len(grads) == 1 else mx.nd.add_n(*grads)
-                    if data._fresh_grad or p.grad_req == "add":
-                        dst[:] += total
-                    else:
-                        dst[:] = total
-                data._fresh_grad = True
-        for block, ctx, chain in chains():
-            if chain.plain:  # forgotten once backward() has written all its gradients
-                trained = [p for p in block.collect_params().values() if p.grad_req != "null"]
-                chain.plain = not all(any(str(d.context) == ctx and d._fresh_grad
-                                          for d in p.list_data()) for p in trained)
+    if len(terms) == 1:
+        return terms[0]
+    if len(terms) in (3, 4):
+        return mx.nd.add_n(*terms)
+    total = terms[0] + terms[1]
+    for t in terms[2:]:
+        total += t
+    return total
+
+
+def accumulate(dst: Any, old: Any, terms: list) -> None:
+    """dst = old plus the terms, as MXNet adds a sum into a gradient with grad_req 'add'
+    (kAddTo): the sum added to the old value, except ElementWiseSum of 5 to 7 terms, which
+    adds each term to the old value in turn."""
+    if 5 <= len(terms) < 8:
+        total = old + terms[0]
+        for t in terms[1:]:
+            total += t
+        dst[:] = total
+    else:
+        dst[:] = old + combine(terms)

@@ -2,54 +2,17 @@
 
 MXNet 1.9.1's CachedOp builds its gradient graph with no mirror function, so a Gluon
 graph can only be planned on a symbolic executor. PlannedBlock exports the block's graph
-as a Symbol, plans it, binds it with the block's own aux states (BatchNorm statistics are
-updated in place) and a copy of its weights refreshed before every forward, and records
-each call on autograd's tape as two custom functions: the executor's, of the call's
-inputs and a probe (a one-element variable, so autograd's backward always reaches the
-call), and after it one that gives out the outputs (its backward copies their gradients
-and tells the first that they reached the loss). The executor's backward runs the
-executor's backward into its own gradient arrays and writes the inputs' gradients
-autograd asks for.
-
-The Parameters stay off autograd's tape. If they were on it, autograd would sum the
-gradient of a Parameter that another recorded op also uses (a weight penalty, a weight
-tied between two blocks, two calls of one block) with ElementWiseSum, which takes a
-temp-space resource and is queued, from the caller's thread, before the backward
-callback pushes the executor ops that need the same resource, while it waits for their
-results: MXNet 1.9.1's engine deadlocks. Instead ``backward()`` (autograd.backward and
-NDArray.backward, wrapped once a PlannedBlock exists) writes them after autograd's own
-backward, from the caller's thread, once the callbacks of the calls it reached have
-queued their work: each trained Parameter's gradient from the executors' (summed over
-the calls in the order plain Gluon sums them), honouring its grad_req, added to what
-autograd wrote into it if another op used it in the same backward, and marked fresh
-for ``Trainer.step``. The wait also keeps ops queued after ``backward()`` that need a
-resource (Adam's update, a random draw) behind the callbacks' work.
-
-What cannot be made safe this way is refused with a PlanError, never left to hang: an
-input needing its gradient that autograd would sum (the input used by another op or by
-two calls: checked in ``backward()``), an input computed by unplanned operators that
-need its gradient (checked at the call), a recorded call of the block itself in training
-mode beside a pending planned call (their BatchNorm statistics would update in no fixed
-order), and autograd.grad or backward(retain_graph=True) while a planned call waits
-(the Parameters are off the tape, and a second backward would reuse spent state).
-
-With grad_req 'add' the first call of a record() binds the Parameter's own gradient
-(grad_req 'add'), as the CachedOp adds into it, unless another PlannedBlock trains the
-same Parameter (tied weights keep autograd's sum-then-add).
-
-The backward runs on MXNet's custom-operator thread inside an asynchronous engine op that
-completes only after it, so nothing there may wait for the engine: the executor (MXNet's
-or the segmented one) only ever runs training forwards, from the caller's thread, which
-is the one place the segmented executor waits (when its mode changes).
-
-Several calls of one block in one ``record()`` (a GAN's discriminator on real and fake
-data) each get their own executor (one per call position, reused every iteration) and are
-chained on the tape by a one-element token (each later call takes the previous call's),
-so their backwards run last call first, one after the other: BatchNorm updates its
-running statistics in backward, and this is the order plain Gluon updates them in when
-the first call's input needs no gradient (measured). The token reaches an earlier call
-whose outputs do not reach the loss; its backward then skips the executor, as plain
-Gluon runs no backward for it.
+as a Symbol, plans it, and binds it on the block's own Parameters (data, gradients and
+BatchNorm statistics, updated in place). A call inside ``autograd.record()`` copies its
+inputs in, runs the executor's training forward and gives out copies of the outputs,
+marked as autograd variables: autograd's backward stops there and writes their
+gradients, and backward() (backward.py) runs the executor's backward itself, in plain
+Gluon's order. Outside a recording, or recording for prediction, the block runs itself.
+A call the plan does not pay for (executor.py's rule) runs the block itself too; once the
+block itself has been called in a record() (by mxmirror or by the user), so is every
+later call of it until the next backward(), so that autograd orders their backwards as
+plain Gluon's (BatchNorm updates its statistics in backward): a planned call may come
+before unplanned ones, never after.
 """
 
 from __future__ import annotations
@@ -58,23 +21,11 @@ from typing import Any
 
 from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
+from mxmirror.gluon import calls
 from mxmirror.gluon.backward import wrap_backward
-from mxmirror.gluon.bound import PlannedExecutor
-from mxmirror.gluon.calls import (
-    MIXED,
-    calling_block_itself,
-    chain_lock,
-    chain_of,
-    refuse_mixed_calls,
-    register,
-)
-from mxmirror.gluon.inputs import (
-    check_fed_by_planned,
-    check_inputs,
-    dtype_name,
-    flatten,
-    input_req,
-)
+from mxmirror.gluon.executor import PlannedExecutor, choose_plan
+from mxmirror.gluon.inputs import CallArgs, dtype_name, nbytes, unsupported
+from mxmirror.log import log
 from mxmirror.log import show as show_log
 from mxmirror.planning.registry import resolve
 
@@ -82,9 +33,9 @@ from mxmirror.planning.registry import resolve
 class PlannedBlock(load_mxnet().gluon.Block):
     """A Block that trains a HybridBlock through an mxmirror plan.
 
-    Under ``autograd.record()`` a call runs the planned executor (one per context, input
-    shapes, dtypes and grad_req); outside it, the wrapped block runs as it would alone.
-    ``collect_params()`` returns the wrapped block's Parameters.
+    Under ``autograd.record()`` a call runs a planned executor (one per context, input
+    signature and call waiting for its backward); outside it, the wrapped block runs as
+    it would alone. ``collect_params()`` returns the wrapped block's Parameters.
     """
 
     def __init__(self, block: Any, policy: str = "sqrt", budget: Any = None) -> None:
@@ -98,79 +49,142 @@ class PlannedBlock(load_mxnet().gluon.Block):
         self.block = block
         self.policy = policy
         self.budget = budget
-        self._bound: dict[tuple, PlannedExecutor] = {}  # by (context, shapes, ..., position)
-        self._weight_copies: dict[tuple, Any] = {}  # by (context, name, shape, dtype)
-        register(self)
+        self._executors: dict[tuple, list[PlannedExecutor]] = {}  # by call signature
+        self._plans: dict[tuple, tuple] = {}  # by signature: (plan, symbol, fmt, copies)
+        self._decided: dict[tuple, bool] = {}  # (signature, another call pending): use it
+        self._said_plain = False  # the line for the block itself beside it
+        self._own_fallback = -1  # backward() count when a call of its own ran unplanned
+        calls.watch(block)
         wrap_backward()
 
-    def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
-        if kwargs:  # Block.__call__ takes none: say what is supported instead of a TypeError
-            check_inputs(inputs, kwargs)
-        return super().__call__(*inputs)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        for hook in self._forward_pre_hooks.values():  # Block.__call__ takes no keywords
+            hook(self, args)
+        out = self.forward(*args, **kwargs)
+        for hook in self._forward_hooks.values():
+            hook(self, args, out)
+        return out
 
-    def forward(self, *inputs: Any) -> Any:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         mx = load_mxnet()
-        if not mx.autograd.is_recording() or not mx.autograd.is_training():
-            # inference, or a recording in predict mode (gradients of an inference pass):
-            # the block itself, so a planned executor only ever runs training forwards
-            if mx.autograd.is_recording():
-                refuse_mixed_calls(self.block, inputs, inside=True)
-            with calling_block_itself():
-                return self.block(*inputs)
-        check_inputs(inputs, {})
-        check_fed_by_planned(inputs)
-        with chain_lock:
-            chain = chain_of(self.block, inputs[0].context)
-            if chain.plain:  # said once: its outputs may have been dropped since
-                chain.plain = False
-                raise PlanError(
-                    f"PlannedBlock {self.block.name} is called after a recorded call of the "
-                    f"block itself that backward() has not reached: {MIXED} Call it through "
-                    f"the PlannedBlock every time in a record() (every call is planned), or "
-                    f"call backward() between the two")
-            position = chain.next_position()
-            return self.bound(inputs, position).run(inputs, chain, position)
+        if mx.autograd.is_recording() and mx.autograd.is_training():
+            out = self.planned_call(args, kwargs)
+            if out is not None:
+                return out
+        # inference, a recording for prediction, or a call the plan does not pay for
+        return self.block(*args, **kwargs)
 
-    def bound(self, inputs: tuple, position: int = 0) -> PlannedExecutor:
-        """The executor for these inputs at this call position of a record() (bound once
-        per context, shapes, dtypes, grad_req and position)."""
+    def fell_back(self) -> None:
+        """A call mxmirror itself runs unplanned (a plan that does not pay, an input it
+        cannot take): the block's later calls follow without another line."""
+        self._own_fallback = calls.backwards()
+
+    @property
+    def executors(self) -> list[PlannedExecutor]:
+        """Every executor bound so far (for a look at their plans)."""
+        return [ex for pool in self._executors.values() for ex in pool]
+
+    def planned_call(self, args: tuple, kwargs: dict) -> Any:
+        """The outputs of a planned call, or None where the block should run itself (its
+        plan would not pay). A PlanError says what a planned call cannot take."""
+        given = CallArgs(args, kwargs)
+        why = unsupported(given)
+        if why:
+            raise PlanError(why)
+        ctx = given.arrays[0].context
+        if calls.plain_call_pending(self.block, ctx):  # so are the rest until backward()
+            if not self._said_plain and self._own_fallback != calls.backwards():
+                self._said_plain = True
+                log.info(f"mxmirror: gluon {self.block.name} trained unplanned until "
+                         f"backward(): the block itself was called in this record()")
+            return None
+        sources = [calls.source_of(x, i) for i, x in enumerate(given.arrays)]
+        self._finish_deferred_init(args, kwargs)
+        params = {p.name: p for p in self.block.collect_params().values()}
+        reqs = tuple(s.req for s in sources)
+        key = (str(ctx), given.structure(),
+               tuple((x.shape, dtype_name(x.dtype)) for x in given.arrays), reqs,
+               tuple((n, p.grad_req, dtype_name(p.dtype)) for n, p in sorted(params.items())))
+        others = any(str(c.executor.ctx) == str(ctx) and not c.retained
+                     for c in calls.pending_of(self))
+        plan, symbol, fmt = self._plan(key, given, reqs, params, others)
+        if plan is False:
+            self.fell_back()
+            return None
+        executor = self._executor(key, plan, symbol, fmt, given, reqs, params, ctx)
+        sources = [calls.remark(s) for s in sources]
+        for s in sources:
+            if s.kind == "leaf":
+                s.array._fresh_grad = False  # set again by the backward() that reaches it
+        for _, p in executor.trained:  # fresh again when backward() writes it
+            p.data(ctx)._fresh_grad = False
+        outputs = executor.forward(given.arrays)
+        calls.Call(self, executor, sources, outputs)
+        from mxnet.gluon.block import _regroup
+
+        return _regroup(outputs, fmt)
+
+    def _plan(self, key: tuple, given: CallArgs, reqs: tuple, params: dict,
+              others: bool) -> tuple:
+        """(plan or None for policy none, or False: not worth it; symbol; output format)."""
         mx = load_mxnet()
-        ctx = inputs[0].context
-        self._finish_deferred_init(inputs)
-        params = self._params_by_name()
-        input_reqs = tuple(input_req(x) for x in inputs)
-        key = (str(ctx), tuple((x.shape, dtype_name(x.dtype)) for x in inputs), input_reqs,
-               tuple((n, p.grad_req, dtype_name(p.dtype)) for n, p in sorted(params.items())),
-               position)
-        found = self._bound.get(key)
-        if found is not None and found.current(params, ctx):
-            return found
-        names = ["data"] if len(inputs) == 1 else [f"data{i}" for i in range(len(inputs))]
-        with calling_block_itself():
-            out = self.block(*[mx.sym.var(n) for n in names])
-        heads, fmt = flatten(out)
-        symbol = heads[0] if len(heads) == 1 else mx.sym.Group(heads)
-        self._bound[key] = PlannedExecutor(self, symbol, fmt, names, inputs, input_reqs,
-                                           params, ctx, position)
+        if key not in self._plans:
+            syms = [mx.sym.var(n) for n in given.names]
+            sargs, skwargs = given.rebuilt(syms)
+            from mxnet.gluon.block import _flatten
+
+            heads, fmt = _flatten(self.block(*sargs, **skwargs), "output")
+            symbol = heads[0] if len(heads) == 1 else mx.sym.Group(heads)
+            shapes = {n: x.shape for n, x in zip(given.names, given.arrays)}
+            types = {n: dtype_name(x.dtype) for n, x in zip(given.names, given.arrays)}
+            grad_req = dict(zip(given.names, reqs))
+            for n in symbol.list_arguments() + symbol.list_auxiliary_states():
+                if n in params:
+                    types[n] = dtype_name(params[n].dtype)
+                    if n in symbol.list_arguments():
+                        grad_req[n] = params[n].grad_req
+            _, out_shapes, _ = symbol.infer_shape(**shapes)
+            _, out_types, _ = symbol.infer_type(**types)
+            outs = [mx.nd.empty(s, dtype=t) for s, t in zip(out_shapes, out_types)]
+            copies = nbytes(given.arrays) + nbytes(outs)
+            self._plans[key] = (shapes, types, grad_req, symbol, fmt, copies)
+        shapes, types, grad_req, symbol, fmt, copies = self._plans[key]
+        if (key, others) not in self._decided:
+            plan, use = choose_plan(self, symbol, shapes, types, grad_req, copies, others)
+            self._decided[key, others] = plan if use else False
+        return self._decided[key, others], symbol, fmt
+
+    def _executor(self, key: tuple, plan: Any, symbol: Any, fmt: Any, given: CallArgs,
+                  reqs: tuple, params: dict, ctx: Any) -> PlannedExecutor:
+        """A free executor of this signature, bound if none is."""
+        mx = load_mxnet()
+        pool = self._executors.setdefault(key, [])
+        pool[:] = [ex for ex in pool if ex.current(params) or ex.call is not None]
+        for ex in pool:
+            if ex.current(params) and ex.free():
+                return ex
+        ex = PlannedExecutor(self, symbol, fmt, given.names, given.arrays, reqs, params, ctx,
+                             plan)
+        pool.append(ex)
         if not self.block._cached_op_args:
             # HybridBlock.export saves the Parameters listed when the block builds its
             # CachedOp, which a block only ever called planned never does: an empty file
-            with mx.autograd.pause(), calling_block_itself():
-                self.block._build_cache(*inputs)
-        return self._bound[key]
+            with mx.autograd.pause():
+                args, kwargs = given.rebuilt(given.arrays)
+                if not kwargs:
+                    self.block._build_cache(*args)
+        return ex
 
-    def _params_by_name(self) -> dict:
-        return {p.name: p for p in self.block.collect_params().values()}
-
-    def _finish_deferred_init(self, inputs: tuple) -> None:
+    def _finish_deferred_init(self, args: tuple, kwargs: dict) -> None:
         """Parameters waiting for shapes get them from the inputs, as a first call would."""
         mx = load_mxnet()
         params = list(self.block.collect_params().values())
         if all(p._deferred_init == () for p in params):
             return
         with mx.autograd.pause():
-            self.block._deferred_infer_shape(*inputs)
+            if kwargs:  # a block whose own __call__ takes keywords (rnn layers): run it
+                self.block(*args, **kwargs)
+                return
+            self.block._deferred_infer_shape(*args)
             for p in params:
                 p._finish_deferred_init()
-
-

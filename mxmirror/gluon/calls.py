@@ -1,151 +1,231 @@
-"""The planned calls recorded since the last backward() that reached them, per block and
-context, and what must not happen beside them.
+"""The planned calls waiting for a backward, and where each input's gradient goes.
 
-Every other module reads the same registry: a call takes its position from it, backward()
-writes the Parameters' gradients of the calls it lists, and the hook's pre-call check
-asks whether a call of the block is pending. So the registry, its lock, the live
-PlannedBlocks and the flag that tells mxmirror's own calls of a block from the user's
-are kept here, with the rule that refuses a recorded call of the block itself beside a
-pending planned call.
+A planned call is not an operator of autograd's tape: its outputs are marked as autograd
+variables (autograd writes their gradients into the call's arrays and stops there), and
+backward() (backward.py) runs the call's executor backward itself. So what autograd
+would have known from the tape is kept here: per call input, where its gradient goes (an
+earlier pending call's output, a variable the user marked, or an input computed by other
+recorded operators, re-marked at the call so that its later uses collect their gradients
+in one array and its history is run once, after every planned call that reads it), and
+which calls may still be reached. Every other module reads this one registry.
 """
 
 from __future__ import annotations
 
-import contextlib
+import sys
 import threading
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
+from mxmirror.gluon.inputs import recorded, trained_variable, variable_name
 
-MIXED = ("their backwards would update its BatchNorm statistics in an order that changes "
-         "from run to run (measured).")
+lock = threading.RLock()  # around every read or change of the registry
 
-chain_lock = threading.RLock()  # around every read or change of the chains
+_pending: list[Call] = []  # in call order
+_outputs: dict[int, tuple[Call, int]] = {}  # an output's handle -> (its call, its index)
+_remarked: dict[int, Remarked] = {}  # a re-marked input's handle -> its entry
+_backwards = [0]  # backward() calls so far
+_plain_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # block -> {ctx: n}
 
-_chains: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # block -> {ctx: CallChain}
-_planned_blocks: weakref.WeakSet = weakref.WeakSet()  # every live PlannedBlock
-_watched: weakref.WeakSet = weakref.WeakSet()  # blocks with refuse_mixed_calls as pre-hook
-_calling = threading.local()  # .itself: mxmirror is calling the block (tracing, inference)
+
+def backwards() -> int:
+    """How many backward() calls have run: a call of the block itself stays the rule for
+    the block's later calls until the next one."""
+    return _backwards[0]
+
+
+def backward_ran() -> None:
+    _backwards[0] += 1
+
+
+def watch(block: Any) -> None:
+    """Note every recorded call of the block itself (a forward pre-hook, once)."""
+    if block not in _plain_calls:
+        _plain_calls[block] = {}
+        block.register_forward_pre_hook(_note_plain_call)
+
+
+def _note_plain_call(block: Any, inputs: tuple) -> None:
+    mx = load_mxnet()
+    if not (mx.autograd.is_recording() and mx.autograd.is_training()):
+        return
+    from mxnet.gluon.block import _flatten
+
+    arrays = [x for x in _flatten(list(inputs), "input")[0] if isinstance(x, mx.nd.NDArray)]
+    if arrays:  # not a graph being traced
+        _plain_calls[block][str(arrays[0].context)] = backwards()
+
+
+def plain_call_pending(block: Any, ctx: Any) -> bool:
+    """The block itself was called in training since the last backward(): its later calls
+    run unplanned too, so that plain Gluon's autograd orders their backwards (BatchNorm
+    updates its statistics in backward) as it would order plain calls."""
+    return _plain_calls.get(block, {}).get(str(ctx)) == backwards()
+
+
+class Remarked:
+    """An input computed by other recorded operators: re-marked as a variable at its first
+    planned call, its old history kept in `old` (a reshape of it recorded on the tape)."""
+
+    def __init__(self, x: Any, graph: dict) -> None:
+        mx = load_mxnet()
+        self.x = x
+        self.graph = graph  # x's history as recorded (JSON), for the replay
+        self.old_name = graph["nodes"][graph["heads"][0][0]]["name"]
+        self.old = x.reshape(x.shape)  # recorded: x's history, run by a later backward
+        self.buffer = mx.nd.empty(x.shape, x.context, dtype=x.dtype)
+        mx.autograd.mark_variables([x], [self.buffer], "write")
+        self.var = variable_name(x)
+        self.vars = {n["name"] for n in graph["nodes"] if trained_variable(n)}
+        self.terms: dict[Call, Any] = {}  # the planned calls' gradients of x
+        self.saved: list = []  # gradients of x an earlier pass of a backward wrote
+        x._fresh_grad = False
+
+
+class Source:
+    """Where a call input's gradient goes: nowhere ('none'), an earlier call's output
+    ('output': call, index), a variable the user marked ('leaf': the array) or a
+    re-marked input ('remarked': its entry)."""
+
+    def __init__(self, kind: str, call: Call | None = None, index: int = 0,
+                 array: Any = None, entry: Remarked | None = None, var: str = "") -> None:
+        self.kind, self.call, self.index, self.array, self.entry, self.var = \
+            kind, call, index, array, entry, var
+
+    @property
+    def req(self) -> str:
+        return "null" if self.kind == "none" else "write"
 
 
 class Call:
-    """One recorded call of a planned executor."""
+    """One planned call waiting for (or kept after, with retain_graph) its backward."""
 
-    def __init__(self, bound: Any, token: Any) -> None:
-        self.bound = bound
-        self.token = token  # its extra output, the next call's extra input
-        self.ran = threading.Event()  # its backward callback has queued its work, or its
-        # tape is gone without one
-        self.written = False  # backward() has written its Parameters' gradients
-        self.outputs_reached = False  # a backward() reached its outputs (not only its token)
+    def __init__(self, planned: Any, executor: Any, sources: list[Source],
+                 outputs: list) -> None:
+        mx = load_mxnet()
+        self.planned, self.executor, self.sources = planned, executor, sources
+        self.outputs = outputs  # what the caller got; the float ones are marked
+        self.marked = [o if _is_float(o) else None for o in outputs]
+        self.buffers = [None if o is None else mx.nd.empty(o.shape, o.context, dtype=o.dtype)
+                        for o in self.marked]
+        marked = [(o, b) for o, b in zip(self.marked, self.buffers) if o is not None]
+        if marked:
+            mx.autograd.mark_variables([o for o, _ in marked], [b for _, b in marked], "write")
+        self.vars = [None if o is None else variable_name(o) for o in self.marked]
+        self.saved: list[list] = [[] for _ in outputs]  # earlier passes' gradients
+        self.terms: list[dict[Call, Any]] = [{} for _ in outputs]  # planned consumers'
+        self.missed = 0  # backwards since the call that did not reach it
+        self.retained = False  # run, and kept by backward(retain_graph=True)
+        executor.call = self
+        with lock:
+            _pending.append(self)
+            for k, o in enumerate(self.marked):
+                if o is not None:
+                    _outputs[o.handle.value] = (self, k)
 
     def reached(self) -> bool:
-        """A backward() reached it since its Parameters' gradients were last written."""
-        return self.bound.probe._fresh_grad
+        """autograd's last pass reached one of its outputs (marked fresh at its start)."""
+        return any(o is not None and o._fresh_grad for o in self.marked)
 
-    def free(self) -> bool:
-        """No backward of this call is still to come. When backward() has reached it,
-        wait until autograd's thread has queued that backward."""
-        if self.ran.is_set():
-            return True
-        if not self.bound.probe._fresh_grad:
-            return self.written  # recorded, no backward yet: another call in the record()
-        self.wait()
-        return True
+    def abandoned(self) -> bool:
+        """No backward can reach it any more, as far as can be known: a backward() has
+        passed it by, and nothing but this call holds its outputs."""
+        return self.missed > 0 and all(sys.getrefcount(o) <= 3 for o in self.outputs)
 
-    def wait(self) -> None:
-        """Until the callback of a call backward() has reached has queued its work."""
-        if not self.ran.wait(timeout=5):
-            load_mxnet().nd.waitall()  # raises what failed upstream, if anything did
-            if not self.ran.is_set():
-                raise PlanError("the backward of a PlannedBlock call never ran (MXNet "
-                                "skipped it); the next call cannot reuse its executor")
-
-
-class CallChain:
-    """The recorded calls of one block on one context since the last one backward() has
-    reached, in call order."""
-
-    def __init__(self) -> None:
-        self.calls: list[Call] = []
-        self.plain = False  # a recorded call of the block itself, not yet backward()ed
-
-    def pending(self) -> bool:
-        """A recorded call that no backward() has reached (nor its tape dropped)."""
-        return not all(call.free() for call in self.calls)
-
-    def next_position(self) -> int:
-        """The next call's position: after the pending ones, or 0 once all are done."""
-        if not self.pending():
-            self.calls.clear()
-        return len(self.calls)
+    def drop(self) -> None:
+        """Done: its outputs become plain arrays again, as autograd leaves a call's
+        outputs once its backward has run, and its executor is free."""
+        with lock:
+            if self in _pending:
+                _pending.remove(self)
+            for o in self.marked:
+                if o is not None:
+                    _outputs.pop(o.handle.value, None)
+                    _unmark(o)
+            self.executor.call = None
 
 
-def chain_of(block: Any, ctx: Any) -> CallChain:
-    """The chain of `block` on `ctx` (under chain_lock)."""
-    return _chains.setdefault(block, {}).setdefault(str(ctx), CallChain())
+def _is_float(x: Any) -> bool:
+    import numpy as np
+
+    return np.dtype(x.dtype).kind == "f"
 
 
-def chains() -> list[tuple[Any, str, CallChain]]:
-    """(block, context, chain) for every block that was called planned (under chain_lock)."""
-    return [(block, ctx, chain) for block, by_ctx in list(_chains.items())
-            for ctx, chain in by_ctx.items()]
+def _unmark(x: Any) -> None:
+    """x without its autograd variable (autograd clears a call's outputs after backward):
+    its handle swapped for a detached one on the same memory."""
+    plain = x.detach()
+    x.handle, plain.handle = plain.handle, x.handle
 
 
-def all_calls() -> list[Call]:
-    """Every recorded planned call, of every block and context (under chain_lock)."""
-    return [call for _, _, chain in chains() for call in chain.calls]
+def source_of(x: Any, i: int) -> Source:
+    """Where the gradient of input i (x) of a new planned call goes. An input computed by
+    recorded operators must reach, through them, only outputs of pending planned calls
+    or re-marked inputs: a variable mxmirror does not hold (another block's Parameter, an
+    attached input) could be written twice, by autograd's pass and by the pass that runs
+    the input's history, when the input has an earlier use too."""
+    with lock:
+        if x.handle.value in _outputs:
+            call, k = _outputs[x.handle.value]
+            return Source("output", call=call, index=k)
+        if x.handle.value in _remarked:
+            return Source("remarked", entry=_remarked[x.handle.value])
+    graph = recorded(x)
+    if graph is None:
+        return Source("none")
+    nodes = graph["nodes"]
+    if len(nodes) == 1:
+        if not trained_variable(nodes[0]):
+            return Source("none")
+        return Source("leaf", array=x, var=nodes[0]["name"])
+    wanted = {n["name"] for n in nodes if trained_variable(n)}
+    if not wanted:
+        return Source("none")
+    with lock:
+        held = {v for call in _pending for v in call.vars if v} | \
+            {e.var for e in _remarked.values()}
+    foreign = wanted - held
+    if foreign:
+        ops = sorted({n["op"] for n in nodes} - {"null"})
+        raise PlanError(f"input {i} is computed by operators trained unplanned "
+                        f"({', '.join(ops[:5])}) from variables that need their gradient "
+                        f"(Parameters of a block trained unplanned, an attached input)")
+    return Source("history", array=x, entry=None)
 
 
-def register(planned: Any) -> None:
-    """A new PlannedBlock: counted for shared Parameters, its block watched for calls of
-    the block itself beside a planned one."""
-    _planned_blocks.add(planned)
-    if planned.block not in _watched:
-        _watched.add(planned.block)
-        planned.block.register_forward_pre_hook(refuse_mixed_calls)
+def remark(source: Source, graph: dict | None = None) -> Source:
+    """A 'history' source committed: its input re-marked (once) and its entry kept."""
+    if source.kind != "history":
+        return source
+    x = source.array
+    with lock:
+        entry = _remarked.get(x.handle.value)
+        if entry is None:
+            entry = Remarked(x, graph or recorded(x))
+            _remarked[x.handle.value] = entry
+    return Source("remarked", entry=entry)
 
 
-def shared_with_others(owner: Any) -> set[int]:
-    """ids of the Parameters other live PlannedBlocks train (tied weights)."""
-    return {id(q) for other in list(_planned_blocks) if other is not owner
-            for q in other.block.collect_params().values()}
+def pending() -> list[Call]:
+    with lock:
+        return list(_pending)
 
 
-@contextlib.contextmanager
-def calling_block_itself() -> Iterator[None]:
-    """mxmirror calling a planned block itself (inference, or tracing its graph): not a
-    call of the user's beside a planned one."""
-    was = getattr(_calling, "itself", False)
-    _calling.itself = True
-    try:
-        yield
-    finally:
-        _calling.itself = was
+def remarked() -> list[Remarked]:
+    with lock:
+        return list(_remarked.values())
 
 
-def refuse_mixed_calls(block: Any, inputs: tuple, inside: bool = False) -> None:
-    """A forward pre-hook of every planned block: a recorded call of the block itself
-    beside a pending planned call of it. Their gradients would add up right, but not
-    their BatchNorm statistics: the block's backward runs on the caller's thread, the
-    planned call's on autograd's callback thread, in no fixed order."""
-    mx = load_mxnet()
-    if (getattr(_calling, "itself", False) and not inside) or not mx.autograd.is_recording():
-        return
-    if not mx.autograd.is_training():
-        return  # record(train_mode=False), a validation pass: BatchNorm updates nothing
-    arrays = [x for x in inputs if isinstance(x, mx.nd.NDArray)]
-    if not arrays or len(arrays) < len(inputs):
-        return  # a graph being traced, or inputs a planned call would refuse anyway
-    with chain_lock:
-        chain = chain_of(block, arrays[0].context)
-        if chain.pending():
-            raise PlanError(
-                f"{block.name} is called unplanned inside autograd.record() while a planned "
-                f"call of it (PlannedBlock, or mxmirror run / enabled()) waits for "
-                f"backward(): {MIXED} Call it through the PlannedBlock every time in a "
-                f"record() (every call is planned), or call backward() between the two")
-        chain.plain = True
+def forget(entry: Remarked) -> None:
+    """A re-marked input whose history has run: a plain array again."""
+    with lock:
+        _remarked.pop(entry.x.handle.value, None)
+    _unmark(entry.x)
+
+
+def pending_of(planned: Any) -> list[Call]:
+    """The pending calls of one PlannedBlock."""
+    with lock:
+        return [c for c in _pending if c.planned is planned]

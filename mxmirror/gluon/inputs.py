@@ -1,5 +1,6 @@
-"""What a planned call is given and gives back, read from autograd: the inputs a planned
-executor can take, whether each needs a gradient, and what computed it.
+"""What a planned call is given and gives back, as Gluon passes it: positional and
+keyword arguments, nested lists and tuples of NDArrays with None entries, flattened once
+into the executor's inputs; and what autograd recorded about each.
 
 Kept apart from the executors and the tape because the hook reads the same checks to
 decide, before anything is bound, whether a call can be planned at all.
@@ -11,65 +12,84 @@ import json
 from typing import Any
 
 from mxmirror.adapter.symbol import load_mxnet
-from mxmirror.errors import PlanError
 
 
-def check_inputs(inputs: tuple, kwargs: dict) -> None:
-    """What a recorded call can take: positional NDArrays on one context."""
+class CallArgs:
+    """A call's arguments flattened in Gluon's own way (positional, then keyword arguments
+    by name): the arrays in order (None where Gluon allows None) and the format that puts
+    them back."""
+
+    def __init__(self, args: tuple, kwargs: dict) -> None:
+        self.keys = tuple(sorted(kwargs))
+        self.flat, self.fmt = _flatten(list(args) + [kwargs[k] for k in self.keys])
+        self.arrays = [x for x in self.flat if x is not None]
+        n = len(self.arrays)
+        self.names = ["data"] if n == 1 else [f"data{i}" for i in range(n)]  # as Gluon's
+
+    def rebuilt(self, values: list) -> tuple[tuple, dict]:
+        """(args, kwargs) of the same structure with `values` in place of the arrays."""
+        from mxnet.gluon.block import _regroup
+
+        it = iter(values)
+        flat = [None if x is None else next(it) for x in self.flat]
+        grouped = _regroup(flat, self.fmt)
+        args = grouped[:len(grouped) - len(self.keys)]
+        return tuple(args), dict(zip(self.keys, grouped[len(args):]))
+
+    def structure(self) -> tuple:
+        """What must match for an executor to serve the call (the arrays' shapes aside)."""
+        return (repr(self.fmt), self.keys)
+
+
+def _flatten(args: Any) -> tuple[list, Any]:
+    """Gluon's flattening (mxnet.gluon.block._flatten, the same format codes: 0 an array,
+    -1 None, a list for a list or tuple), keeping anything else in place for
+    `unsupported` to name rather than raising."""
+    if isinstance(args, (list, tuple)):
+        flat, fmt = [], []
+        for a in args:
+            f, m = _flatten(a)
+            flat.extend(f)
+            fmt.append(m)
+        return flat, fmt
+    return [args], (-1 if args is None else 0)
+
+
+def unsupported(call: CallArgs) -> str | None:
+    """Why a recorded call cannot run on a planned executor, or None."""
     mx = load_mxnet()
-    supported = "PlannedBlock takes positional NDArray inputs on one context"
-    if kwargs:
-        raise PlanError(f"{supported}; got keyword argument(s) {', '.join(sorted(kwargs))}")
-    if not inputs:
-        raise PlanError(f"{supported}; got none")
-    for i, x in enumerate(inputs):
-        if not isinstance(x, mx.nd.NDArray):
-            raise PlanError(f"{supported}; input {i} is {type(x).__name__}")
+    what = "PlannedBlock takes NDArrays (nested in lists or tuples, None allowed) on one context"
+    if not call.arrays:
+        return f"{what}; got none"
+    for i, x in enumerate(call.flat):
+        if x is not None and not isinstance(x, mx.nd.NDArray):
+            return f"{what}; input {i} is {type(x).__name__}"
         if isinstance(x, mx.nd.sparse.BaseSparseNDArray):
-            raise PlanError(f"{supported}; input {i} is sparse ({x.stype})")
-    contexts = sorted({str(x.context) for x in inputs})
+            return f"{what}; input {i} is sparse ({x.stype})"
+    contexts = sorted({str(x.context) for x in call.arrays})
     if len(contexts) > 1:
-        raise PlanError(f"{supported}; got {', '.join(contexts)}")
+        return f"{what}; got {', '.join(contexts)}"
+    return None
 
 
-def check_fed_by_planned(inputs: tuple) -> None:
-    """Inputs that need a gradient come from planned calls only. An operator recorded
-    before a planned call that needs its input gradient in backward() and takes a
-    temp-space resource there (Dense's, measured) is queued before the planned backward's
-    work and deadlocks MXNet 1.9.1's engine (block.py's docstring)."""
-    for i, x in enumerate(inputs):
-        recorded = None if x._fresh_grad else history(x)
-        if recorded is None:
-            continue  # no history; or a planned call's output (run() marks them), whose
-            # inputs were checked at that call; or a variable a backward() has reached
-        nodes = json.loads(recorded.tojson())["nodes"]
-        ops = sorted({n["op"] for n in nodes} - {"null", "_CustomFunction"})
-        wanted = any(trained_variable(n) for n in nodes)
-        if ops and wanted:
-            raise PlanError(f"input {i} is computed by unplanned operators that need its "
-                            f"gradient ({', '.join(ops[:5])}); MXNet 1.9.1 can deadlock "
-                            f"when they run beside a planned call (hybridize the block that "
-                            f"computes it, so it is planned too)")
+def recorded(x: Any) -> dict | None:
+    """autograd's recorded graph of x (parsed JSON), or None when x is not on the tape."""
+    mx = load_mxnet()
+    try:
+        return json.loads(mx.autograd.get_symbol(x).tojson())
+    except mx.base.MXNetError:
+        return None
+
+
+def variable_name(x: Any) -> str:
+    """The name autograd gave the variable x (x must be marked)."""
+    return load_mxnet().autograd.get_symbol(x).name
 
 
 def trained_variable(node: dict) -> bool:
     """A variable of autograd's recorded graph (JSON) that gets a gradient: autograd names
     those var<N>, other arrays null<N>."""
     return node["op"] == "null" and not node["name"].startswith("null")
-
-
-def history(x: Any) -> Any:
-    """autograd's recorded graph of x (a Symbol), or None when x is not on the tape."""
-    mx = load_mxnet()
-    try:
-        return mx.autograd.get_symbol(x)
-    except mx.base.MXNetError:
-        return None
-
-
-def input_req(x: Any) -> str:
-    """'write' when x is on autograd's tape (attached or computed while recording)."""
-    return "null" if history(x) is None else "write"
 
 
 def dtype_name(dtype: Any) -> str:
@@ -83,15 +103,7 @@ def shapes_text(shapes: dict) -> str:
     return " ".join(f"{n}={'x'.join(map(str, s))}" for n, s in shapes.items())
 
 
-def flatten(out: Any) -> tuple[list, Any]:
-    """Gluon's own flattening of a block's (nested) outputs, and their format."""
-    from mxnet.gluon.block import _flatten
+def nbytes(arrays: list) -> int:
+    import numpy as np
 
-    return _flatten(out, "output")
-
-
-def regroup(flat: list, fmt: Any) -> Any:
-    """Flat outputs back in the block's (nested) format."""
-    from mxnet.gluon.block import _regroup
-
-    return _regroup(flat, fmt)
+    return sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in arrays)
