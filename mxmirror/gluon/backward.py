@@ -21,9 +21,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import mxmirror.gluon.calls as calls
 from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
-from mxmirror.gluon import calls
 from mxmirror.gluon.order import Node, from_json, replay
 
 _originals: dict[str, Any] = {}  # MXNet's autograd.backward, NDArray.backward, autograd.grad

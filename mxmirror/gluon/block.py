@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import mxmirror.gluon.calls as calls
 from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
-from mxmirror.gluon import calls
 from mxmirror.gluon.backward import wrap_backward
 from mxmirror.gluon.executor import PlannedExecutor, choose_plan
 from mxmirror.gluon.inputs import CallArgs, dtype_name, nbytes, unsupported
