@@ -182,6 +182,29 @@ def test_plans_recompute_and_save_memory():
     assert figures["sqrt"] < figures["none"]
 
 
+def test_binds_the_parameters_own_arrays():
+    """No weight copy and, for one call per record(), no gradient buffer: the executor
+    reads the Parameters' data arrays and writes their gradient arrays. A second call
+    waiting beside the first writes its gradients into a buffer of its own."""
+    CTXS[:] = [mx.cpu(0)]
+    net = resnet()
+    net.hybridize()
+    planned = PlannedBlock(net, "sqrt")
+    x = mx.nd.ones((2, 3, 32, 32))
+    with autograd.record():
+        loss = (planned(x) + planned(x + 1)).sum()
+    loss.backward()
+    one, two = planned.executors
+    params = net.collect_params()
+    trained = [p for p in params.values() if p.grad_req != "null"]
+    assert trained and all(one.exec.arg_dict[p.name] is p.data() for p in trained)
+    assert all(one.exec.grad_dict[p.name] is p.grad() for p in trained)
+    assert all(two.exec.arg_dict[p.name] is p.data() for p in trained)
+    assert not any(two.exec.grad_dict[p.name] is p.grad() for p in trained)
+    aux = [p for p in params.values() if "running" in p.name]
+    assert aux and all(one.exec.aux_dict[p.name] is p.data() for p in aux)
+
+
 def mxnet_adapter_mb(text: str) -> int:
     return int(re.search(r"Total (\d+) MB allocated", text).group(1))
 

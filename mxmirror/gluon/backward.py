@@ -25,6 +25,7 @@ import mxmirror.gluon.calls as calls
 from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
 from mxmirror.gluon.order import Node, from_json, replay
+from mxmirror.gluon.sums import RunningSum, accumulate, combine
 
 _originals: dict[str, Any] = {}  # MXNet's autograd.backward, NDArray.backward, autograd.grad
 
@@ -108,9 +109,10 @@ class _Backward:
         self.entries = calls.remarked()
         self.call_nodes: dict[Any, Node] = {}
         self.leaves: dict[int, tuple] = {}  # id -> (marked input, its var, {call: grad})
-        self.params: dict[tuple, dict] = {}  # (Parameter, ctx) -> {call: gradient array}
-        self.param_facts: dict[tuple, tuple] = {}  # (Parameter, ctx) -> (context, var name)
+        self.sums: dict[tuple, RunningSum] = {}  # (Parameter, ctx): its gradient's terms
+        self.param_facts: dict[tuple, tuple] = {}  # (Parameter, ctx) -> (Parameter, context)
         self.given: dict[str, list] = {}  # autograd.grad: each pass's gradient by variable
+        self.restore: dict[tuple, Any] = {}  # autograd.grad: gradient arrays to put back
         self.results: list[list] = [[] for _ in variables or []]
         self.flushed: set = set()
 
@@ -242,21 +244,25 @@ class _Backward:
                 node.inputs.append((_var(ex.param_vars[name], known), 0))
         return node
 
-    def _ordered(self, key: tuple, planned: dict, autograd: list) -> list:
-        """The terms of one gradient in the order its sum takes them: planned calls'
-        where the replay puts them, autograd's (summed by its own pass) at the first
-        operator of the tape (or head) that contributes."""
-        out, placed, left = [], False, dict(planned)
+    def _order(self, key: tuple, planned: list, autograd: bool) -> list:
+        """Who gives the terms of one gradient, in the order its sum takes them: the
+        planned calls where the replay puts them, 'autograd' (whose pass summed the tape's
+        terms already) at the first operator of the tape (or head) that contributes."""
+        out, placed, left = [], not autograd, list(planned)
         for contributor in self.contributors.get(key, []):  # None: a head's gradient
             if contributor is not None and contributor.call is not None:
                 if contributor.call in left:
-                    out.append(left.pop(contributor.call))
+                    out.append(contributor.call)
+                    left.remove(contributor.call)
             elif not placed:
-                out.extend(autograd)
+                out.append("autograd")
                 placed = True
-        if not placed:
-            out.extend(autograd)
-        return out + list(left.values())
+        return out + (["autograd"] if not placed else []) + left
+
+    def _ordered(self, key: tuple, planned: dict, autograd: list) -> list:
+        """The terms of one gradient in its sum's order (see _order)."""
+        order = self._order(key, list(planned), bool(autograd))
+        return [t for who in order for t in (autograd if who == "autograd" else [planned[who]])]
 
     # ------------------------------------------------------------------ running calls
     def _process(self, call: Any) -> None:
@@ -289,9 +295,7 @@ class _Backward:
             elif s.kind == "remarked":
                 s.entry.terms[call] = g
         for name, p in ex.trained:
-            key = (p, str(ex.ctx))
-            self.params.setdefault(key, {})[call] = ex.grad_term(name)
-            self.param_facts[key] = (ex.ctx, ex.param_vars[name])
+            self.sums[p, str(ex.ctx)].add(call, ex.grad_term(name), ex.reuses(name))
 
     def _flush(self, group: list) -> None:
         """autograd's backward of re-marked inputs' histories, each with its summed
@@ -343,51 +347,58 @@ class _Backward:
 
     def _keep_param_grads(self, reached: list) -> None:
         """Before any executor writes a Parameter's own gradient array: what autograd
-        wrote there (another recorded use) set aside. A Parameter whose one term is the
-        executor's gets its old gradient back, to add to in the kernel as the CachedOp
-        does; the others stay zeroed. For autograd.grad the whole array, restored after."""
-        self.kept: dict[tuple, Any] = {}
-        counts: dict[tuple, int] = {}
-        writers: dict[tuple, Any] = {}
+        wrote there (another recorded use) set aside, and each trained Parameter's sum
+        set up. A Parameter whose one term is the executor's gets its old gradient back,
+        to add to in the kernel as the CachedOp does; the others stay zeroed. For
+        autograd.grad the whole array, restored afterwards."""
+        kept: dict[tuple, Any] = {}
+        trainers: dict[tuple, list] = {}
+        writers: set = set()
         for call in reached:
             ex = call.executor
             for name, p in ex.trained:
                 key = (p, str(ex.ctx))
-                counts[key] = counts.get(key, 0) + 1
+                trainers.setdefault(key, []).append(call)
+                self.param_facts[key] = (p, ex.ctx, ex.param_vars[name])
                 if ex.writes(name):
-                    writers[key] = (p, ex.ctx)
-        for key, (p, ctx) in writers.items():
+                    writers.add(key)
+        for key, who in trainers.items():
+            p, ctx, var_name = self.param_facts[key]
             data, grad = p.data(ctx), p.grad(ctx)
             if self.variables is not None:
-                self.kept[key] = grad.copy()
-                grad[:] = 0
-            elif data._fresh_grad:
-                self.kept[key] = grad.copy()
-                if p.grad_req == "add":
+                if key in writers:
+                    self.restore[key] = grad.copy()
                     grad[:] = 0
-            elif key in self.old and counts[key] == 1:
+            elif data._fresh_grad:  # autograd's term
+                kept[key] = grad.copy() if key in writers else grad
+                if p.grad_req == "add" and key in writers:
+                    grad[:] = 0
+            elif key in self.old and len(who) == 1 and key in writers:
                 grad[:] = self.old.pop(key)[0]
+            order = self._order((self.known.get(var_name), 0), who, key in kept)
+            old = self.old.get(key, (None,))[0]
+            self.sums[key] = RunningSum(order, old)
+            if key in kept:
+                self.sums[key].add("autograd", kept[key], False)
 
     def _write_params(self) -> None:
-        for key, planned in self.params.items():
-            p = key[0]
-            ctx, var_name = self.param_facts[key]
+        for key, running in self.sums.items():
+            p, ctx, _ = self.param_facts[key]
             data, grad = p.data(ctx), p.grad(ctx)
-            var = self.known.get(var_name)
+            total = running.result()
             if self.variables is not None:
-                total = combine(self._ordered((var, 0), planned, []))
                 self._give(data, [total.copy() if total is grad else total])
-                if key in self.kept:
-                    grad[:] = self.kept[key]
+                if key in self.restore:
+                    grad[:] = self.restore[key]
                 continue
-            autograd = self.kept.get(key)
-            if autograd is None and data._fresh_grad:
-                autograd = grad  # autograd's term, and no executor of this backward wrote it
-            terms = self._ordered((var, 0), planned, [autograd] if autograd is not None else [])
             if key in self.old:
-                accumulate(grad, self.old.pop(key)[0], terms)
-            elif not (len(terms) == 1 and terms[0] is grad):  # else added in the kernel
-                grad[:] = combine(terms)
+                old = self.old.pop(key)[0]
+                if running.old is not None:  # 5 to 7 terms: added to the old one by one
+                    grad[:] = total
+                else:
+                    grad[:] = old + total
+            elif total is not grad:  # else written (or added in the kernel) by the executor
+                grad[:] = total
             data._fresh_grad = True
         for (p, _), (old, ctx) in self.old.items():  # no planned call reached: autograd's
             grad = p.grad(ctx)
@@ -424,32 +435,3 @@ def _var(name: str, known: dict) -> Node:
     if name not in known:
         known[name] = Node(name, needs_grad=True)
     return known[name]
-
-
-def combine(terms: list) -> Any:
-    """The sum MXNet's AggregateGradient makes of these terms, in this order: the term
-    itself, ElementWiseSum (whose 3- and 4-term kernels round differently from adding one
-    term at a time, measured), or terms added one at a time (ElementWiseSum from 5 terms,
-    the _grad_add chain from 8)."""
-    mx = load_mxnet()
-    if len(terms) == 1:
-        return terms[0]
-    if len(terms) in (3, 4):
-        return mx.nd.add_n(*terms)
-    total = terms[0] + terms[1]
-    for t in terms[2:]:
-        total += t
-    return total
-
-
-def accumulate(dst: Any, old: Any, terms: list) -> None:
-    """dst = old plus the terms, as MXNet adds a sum into a gradient with grad_req 'add'
-    (kAddTo): the sum added to the old value, except ElementWiseSum of 5 to 7 terms, which
-    adds each term to the old value in turn."""
-    if 5 <= len(terms) < 8:
-        total = old + terms[0]
-        for t in terms[1:]:
-            total += t
-        dst[:] = total
-    else:
-        dst[:] = old + combine(terms)

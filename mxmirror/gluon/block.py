@@ -166,13 +166,13 @@ class PlannedBlock(load_mxnet().gluon.Block):
         ex = PlannedExecutor(self, symbol, fmt, given.names, given.arrays, reqs, params, ctx,
                              plan)
         pool.append(ex)
-        if not self.block._cached_op_args:
+        args, kwargs = given.rebuilt(given.arrays)
+        if not self.block._cached_op_args and not kwargs and not _own_call(self.block):
             # HybridBlock.export saves the Parameters listed when the block builds its
-            # CachedOp, which a block only ever called planned never does: an empty file
+            # CachedOp, which a block only ever called planned never does: an empty file.
+            # (A block with its own __call__, an rnn layer, builds it from other arguments.)
             with mx.autograd.pause():
-                args, kwargs = given.rebuilt(given.arrays)
-                if not kwargs:
-                    self.block._build_cache(*args)
+                self.block._build_cache(*args)
         return ex
 
     def _finish_deferred_init(self, args: tuple, kwargs: dict) -> None:
@@ -188,3 +188,11 @@ class PlannedBlock(load_mxnet().gluon.Block):
             self.block._deferred_infer_shape(*args)
             for p in params:
                 p._finish_deferred_init()
+
+
+def _own_call(block: Any) -> bool:
+    """The block's class (below HybridBlock) defines __call__: HybridBlock.__call__ gets
+    other arguments than the block's caller gives (rnn layers add their states)."""
+    hybrid = load_mxnet().gluon.HybridBlock
+    return any("__call__" in vars(c) for c in type(block).__mro__
+               if issubclass(c, hybrid) and c is not hybrid)

@@ -36,22 +36,23 @@ _executors: weakref.WeakSet = weakref.WeakSet()  # every live PlannedExecutor
 _grad_targets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _grad_target(p: Any, ctx: Any, executor: PlannedExecutor) -> Any:
-    """The array `executor` writes `p`'s gradient into: `p.grad(ctx)` for the first live
-    executor of p on ctx, else a buffer (the 2nd and 3rd their own, later ones one)."""
+def _grad_target(p: Any, ctx: Any, executor: PlannedExecutor) -> tuple[Any, bool]:
+    """The array `executor` writes `p`'s gradient into, and whether later executors write
+    it too: `p.grad(ctx)` for the first live executor of p on ctx, else a buffer (the 2nd
+    and 3rd their own, later ones one)."""
     mx = load_mxnet()
     slot = _grad_targets.setdefault(p, {}).setdefault(str(ctx), {"writer": None,
                                                                    "buffers": []})
     writer = slot["writer"]() if slot["writer"] is not None else None
     if writer is None or not writer.current_for(p):
         slot["writer"] = weakref.ref(executor)
-        return p.grad(ctx)
+        return p.grad(ctx), False
     others = sum(1 for ex in list(_executors) if ex is not executor and ex is not writer
                  and str(ex.ctx) == str(ctx) and any(q is p for _, q in ex.trained))
     index = min(others, SHARED_AFTER - 2)
     while len(slot["buffers"]) <= index:
         slot["buffers"].append(mx.nd.zeros(p.shape, ctx, dtype=p.dtype))
-    return slot["buffers"][index]
+    return slot["buffers"][index], index == SHARED_AFTER - 2
 
 
 def retained_bytes(graph: Graph) -> int:
@@ -105,8 +106,12 @@ class PlannedExecutor:
         for n in self.aux:
             types[n] = dtype_name(params[n].dtype)
         self._grads = {}  # Parameter name -> the array this executor writes its gradient in
+        self._reused = set()  # ... where later executors write theirs too
         for name, p in self.trained:
-            self._grads[name] = grads[name] = _grad_target(p, ctx, self)
+            self._grads[name], shared = _grad_target(p, ctx, self)
+            grads[name] = self._grads[name]
+            if shared:
+                self._reused.add(name)
         for name, req in zip(names, input_reqs):
             if req != "null":
                 grads[name] = mx.nd.zeros(args[name].shape, ctx, dtype=args[name].dtype)
@@ -141,6 +146,10 @@ class PlannedExecutor:
     def grad_term(self, name: str) -> Any:
         """The array holding this executor's gradient of Parameter `name` after backward."""
         return self._grads[name]
+
+    def reuses(self, name: str) -> bool:
+        """Another executor writes its gradient of `name` into the same array."""
+        return name in self._reused
 
     def current(self, params: dict) -> bool:
         """Still bound to the Parameters' own arrays (cast or reset_ctx replace them)."""
