@@ -51,7 +51,9 @@ class PlannedBlock(load_mxnet().gluon.Block):
         self.budget = budget
         self._executors: dict[tuple, list[PlannedExecutor]] = {}  # by call signature
         self._plans: dict[tuple, tuple] = {}  # by signature: (plan, symbol, fmt, copies)
-        self._decided: dict[tuple, bool] = {}  # (signature, another call pending): use it
+        self._decided: dict[tuple, Any] = {}  # (signature, another call pending): its plan,
+        # or False where it would not pay
+        self._unused: dict[tuple, Any] = {}  # the plans that would not pay
         self._said_plain = False  # the line for the block itself beside it
         self._own_fallback = -1  # backward() count when a call of its own ran unplanned
         calls.watch(block)
@@ -78,6 +80,16 @@ class PlannedBlock(load_mxnet().gluon.Block):
         """A call mxmirror itself runs unplanned (a plan that does not pay, an input it
         cannot take): the block's later calls follow without another line."""
         self._own_fallback = calls.backwards()
+
+    @property
+    def decisions(self) -> list[tuple[Any, bool]]:
+        """(plan, used) for every signature and situation planned so far: a plan that
+        would not pay is kept too (used False), policy none has no plan."""
+        out = []
+        for (key, others), decided in self._decided.items():
+            out.append((decided if decided is not False else self._unused[key, others],
+                        decided is not False))
+        return out
 
     @property
     def executors(self) -> list[PlannedExecutor]:
@@ -152,6 +164,8 @@ class PlannedBlock(load_mxnet().gluon.Block):
         if (key, others) not in self._decided:
             plan, use = choose_plan(self, symbol, shapes, types, grad_req, copies, others)
             self._decided[key, others] = plan if use else False
+            if not use:
+                self._unused[key, others] = plan
         return self._decided[key, others], symbol, fmt
 
     def _executor(self, key: tuple, plan: Any, symbol: Any, fmt: Any, given: CallArgs,
