@@ -84,6 +84,8 @@ def calls(make, policy=None, n=2, steps=3, input_grad=False, shape=(8, 10), by_n
         trainer.step(shape[0])
     for k, p in zip(keys, params):
         seen[f"value.{k}"] = p.data()
+    if policy is not None:  # every call ran on a planned executor
+        assert model.decisions and all(used for _, used in model.decisions)
     return {k: v.asnumpy() if isinstance(v, mx.nd.NDArray) else v for k, v in seen.items()}
 
 

@@ -103,6 +103,8 @@ def train(case, policy=None, optimizer="sgd", steps=3, grad_req="write", make=de
                     p.zero_grad()
     for k, p in zip(keys, params.values()):
         seen[f"value.{k}"] = p.data()
+    for model in models if policy is not None else []:  # they ran on planned executors
+        assert model.decisions and all(used for _, used in model.decisions)
     return {k: v.asnumpy() if isinstance(v, mx.nd.NDArray) else v for k, v in seen.items()}
 
 

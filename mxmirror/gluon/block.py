@@ -54,6 +54,7 @@ class PlannedBlock(load_mxnet().gluon.Block):
         self._decided: dict[tuple, Any] = {}  # (signature, another call pending): its plan,
         # or False where it would not pay
         self._unused: dict[tuple, Any] = {}  # the plans that would not pay
+        self._said: dict[str, bool] = {}  # input shapes -> the verdict logged for them
         self._said_plain = False  # the line for the block itself beside it
         self._own_fallback = -1  # backward() count when a call of its own ran unplanned
         calls.watch(block)
@@ -162,7 +163,8 @@ class PlannedBlock(load_mxnet().gluon.Block):
             self._plans[key] = (shapes, types, grad_req, symbol, fmt, copies)
         shapes, types, grad_req, symbol, fmt, copies = self._plans[key]
         if (key, others) not in self._decided:
-            plan, use = choose_plan(self, symbol, shapes, types, grad_req, copies, others)
+            plan, use = choose_plan(self, symbol, shapes, types, grad_req, copies, others,
+                                    self._said)
             self._decided[key, others] = plan if use else False
             if not use:
                 self._unused[key, others] = plan

@@ -198,15 +198,19 @@ def size_text(n: float) -> str:
 
 
 def choose_plan(owner: Any, symbol: Any, input_shapes: dict, types: dict, reqs: dict,
-                copies: int, others_pending: bool) -> tuple[Any, bool]:
+                copies: int, others_pending: bool, said: dict) -> tuple[Any, bool]:
     """The plan for the block's graph (None for policy none) and whether to bind it: a
     plan is used only when it saves more than the copies a call holds besides (`copies`
     bytes); while another call of the block waits for its backward, only when the planned
     executor and the copies hold less than plain Gluon keeps for one call. One log line
-    says which, and why."""
-    where = f"mxmirror: gluon {owner.block.name} {shapes_text(input_shapes)}"
+    per input shape says which, and why (another where a later call decides otherwise);
+    `said` keeps the verdicts logged, by shapes."""
+    shapes = shapes_text(input_shapes)
+    where = f"mxmirror: gluon {owner.block.name} {shapes}"
     if owner.policy == "none":
-        log.info(f"{where} policy=none (unplanned executor)")
+        if shapes not in said:
+            said[shapes] = True
+            log.info(f"{where} policy=none (unplanned executor)")
         return None, True
     p = make_plan(symbol, policy=owner.policy, budget=owner.budget, type_dict=types,
                   grad_req=reqs, **input_shapes)
@@ -224,7 +228,9 @@ def choose_plan(owner: Any, symbol: Any, input_shapes: dict, types: dict, reqs: 
         why = (f"the plan saves {size_text(saving)}, "
                f"{'more' if use else 'not more'} than PlannedBlock's input and output "
                f"copies ({size_text(copies)})")
-    verdict = "planned" if use else "trained unplanned"
-    notes = p.notes if p.recomputed_ids else []  # else the summary says them
-    log.info("; ".join([f"{where} {summary}: {verdict}, {why}", *notes]))
+    if said.get(shapes) != use:
+        said[shapes] = use
+        verdict = "planned" if use else "trained unplanned"
+        notes = p.notes if p.recomputed_ids else []  # else the summary says them
+        log.info("; ".join([f"{where} {summary}: {verdict}, {why}", *notes]))
     return p, use
