@@ -15,17 +15,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
 
 import _bootstrap  # noqa: F401 - this checkout's mxmirror first
 import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
-from provenance import generated_by
+from provenance import generated_by, write_section
 
 from mxmirror.gluon import PlannedBlock
-
-START, END = "<!-- gluon_dropout: start -->", "<!-- gluon_dropout: end -->"
 
 
 def network() -> gluon.HybridBlock:
@@ -96,9 +93,7 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        page = Path(args.out).read_text()
-        head, rest = page.split(START, 1)
-        Path(args.out).write_text(head + START + "\n" + text + END + rest.split(END, 1)[1])
+        write_section(args.out, "gluon_dropout", text)
 
 
 if __name__ == "__main__":

@@ -29,9 +29,8 @@ from pathlib import Path
 
 import numpy as np
 from _bootstrap import ROOT
-from provenance import generated_by
+from provenance import generated_by, write_section
 
-START, END = "<!-- gluon_examples: start -->", "<!-- gluon_examples: end -->"
 LAUNCHER = """import runpy, sys
 import mxnet.gluon.contrib.data.text as text
 text.check_sha1 = lambda *args, **kwargs: True  # generated token files, not WikiText-2's
@@ -154,11 +153,7 @@ def main(argv: list[str] | None = None) -> None:
         print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     if args.out:
-        page = Path(args.out).read_text()
-        if START not in page or END not in page:
-            raise SystemExit(f"{args.out} has no {START} ... {END} section")
-        head, rest = page.split(START, 1)
-        Path(args.out).write_text(head + START + "\n" + text + END + rest.split(END, 1)[1])
+        write_section(args.out, "gluon_examples", text)
     else:
         print(text)
 

@@ -25,9 +25,7 @@ import sys
 from pathlib import Path
 
 from _bootstrap import ROOT
-from provenance import generated_by
-
-START, END = "<!-- gluon_memory_notes: start -->", "<!-- gluon_memory_notes: end -->"
+from provenance import generated_by, write_section
 
 
 def _rss() -> float:
@@ -194,11 +192,7 @@ def main(argv: list[str] | None = None) -> None:
                      f"{cached['growth_mb']:.0f} |")
     text = "\n".join(lines) + "\n"
     if args.out:
-        page = Path(args.out).read_text()
-        if START not in page or END not in page:
-            raise SystemExit(f"{args.out} has no {START} ... {END} section")
-        head, rest = page.split(START, 1)
-        Path(args.out).write_text(head + START + "\n" + text + END + rest.split(END, 1)[1])
+        write_section(args.out, "gluon_memory_notes", text)
     else:
         print(text)
 

@@ -15,18 +15,17 @@ best of the two).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from _bootstrap import ROOT
-from provenance import generated_by
+from provenance import generated_by, write_section
 
-START, END = "<!-- gluon_step_loop: start -->", "<!-- gluon_step_loop: end -->"
 CONFIGS = [  # hidden, batch, Dense layers after the cell, BatchNorm, steps T
     (256, 32, 4, False, 50), (256, 32, 4, False, 200), (1024, 256, 8, True, 50)]
 
@@ -64,7 +63,7 @@ def child(hidden: int, batch: int, depth: int, bn: bool, steps: int, mode: str) 
     x = mx.nd.random.uniform(shape=(steps, batch, hidden))
     y = mx.nd.array(mx.nd.random.randint(0, 50, (steps, batch)))
     wall, cpu = [], []
-    with mxmirror.enabled(mode) if mode != "plain" else _nothing():
+    with mxmirror.enabled(mode) if mode != "plain" else contextlib.nullcontext():
         for _ in range(3):
             t, c = time.perf_counter(), time.process_time()
             with autograd.record():
@@ -80,18 +79,10 @@ def child(hidden: int, batch: int, depth: int, bn: bool, steps: int, mode: str) 
             cpu.append(time.process_time() - c)
     from mxmirror.gluon import hook
 
-    planned = hook._planned.get(block)
+    planned = hook.planned_for(block)
     print(json.dumps({"executors": len(planned.executors) if planned else 0,
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "wall": wall, "cpu": cpu}))
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def run_child(config: tuple, mode: str) -> dict:
@@ -142,11 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     lines += ["", "mxmirror's lines:", "", *said]
     text = "\n".join(lines) + "\n"
     if args.out:
-        page = Path(args.out).read_text()
-        if START not in page or END not in page:
-            raise SystemExit(f"{args.out} has no {START} ... {END} section")
-        head, rest = page.split(START, 1)
-        Path(args.out).write_text(head + START + "\n" + text + END + rest.split(END, 1)[1])
+        write_section(args.out, "gluon_step_loop", text)
     else:
         print(text)
 

@@ -24,17 +24,15 @@ import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from _bootstrap import ROOT
-from provenance import generated_by
+from provenance import generated_by, write_section
 
 NETWORKS = ["resnet50_v1", "resnet101_v1", "resnet152_v1", "resnet50_v2", "resnet101_v2",
             "resnet152_v2", "densenet121", "densenet201", "mobilenetv2_1.0", "inceptionv3"]
 MODES = ["plain", "sqrt", "search"]
 SIZES = {"small": (8, 32, 10), "large": (16, 224, 1000)}  # batch, image side, classes
 LM = {"vocab": 10000, "emb": 256, "hidden": 256, "batch": 32}
-START, END = "<!-- gluon_table: start -->", "<!-- gluon_table: end -->"
 
 
 def image_model(name: str, size: int, classes: int):
@@ -223,11 +221,7 @@ def main(argv: list[str] | None = None) -> None:
         lines += rows(cases, args.steps) + [""]
     text = "\n".join(lines)
     if args.out:
-        page = Path(args.out).read_text()
-        if START not in page or END not in page:
-            raise SystemExit(f"{args.out} has no {START} ... {END} section")
-        head, rest = page.split(START, 1)
-        Path(args.out).write_text(head + START + "\n" + text + END + rest.split(END, 1)[1])
+        write_section(args.out, "gluon_table", text)
 
 
 if __name__ == "__main__":

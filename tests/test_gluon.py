@@ -325,6 +325,21 @@ def test_recursive_on_a_small_resnet_trains_like_plain(plain_resnet):
     assert_same(train(resnet, "recursive"), plain_resnet)
 
 
+def test_budget_no_plan_reaches_binds_the_smallest_plan():
+    """A budget below every plan: the smallest plan, as policy auto binds it (said in the
+    log line), never the block unplanned."""
+    CTXS[:] = [mx.cpu(0)]
+    net = resnet()
+    net.hybridize()
+    planned = PlannedBlock(net, "budget", budget="100KB")
+    with autograd.record():
+        planned(mx.nd.ones((4, 3, 32, 32))).sum().backward()
+    ((plan, used),) = planned.decisions
+    smallest = mxmirror.plan(net(mx.sym.var("data")), "search", data=(4, 3, 32, 32))
+    assert used and plan.recomputed_ids and plan.planned_bytes <= smallest.planned_bytes
+    assert any("no plan fits" in note for note in plan.notes), plan.notes
+
+
 def test_bad_input():
     with pytest.raises(PlanError, match="HybridBlock"):
         PlannedBlock(gluon.nn.Sequential())

@@ -14,6 +14,7 @@ timeouts, so that a hang fails a test instead of stalling the suite.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from mxmirror.gluon import PlannedBlock
 from mxmirror.runtime.segmented.executor import SegmentedExecutor
 from tests import mkldnn_off
 from tests import test_gluon_segmented as seg
+from tests.helpers import read_step, read_values
 from tests.test_gluon import CTXS, assert_same
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,7 +187,7 @@ def dcgan(policy=None, steps=20, batch=8):
     rs = np.random.RandomState(0)
     real_label, fake_label = mx.nd.ones((batch,)), mx.nd.zeros((batch,))
     losses = []
-    scope = mxmirror.enabled(policy) if policy else _nothing()
+    scope = mxmirror.enabled(policy) if policy else contextlib.nullcontext()
     with scope:
         for _ in range(steps):
             real = mx.nd.array(rs.rand(batch, 16) * 2 - 1)
@@ -203,20 +205,12 @@ def dcgan(policy=None, steps=20, batch=8):
             trainer_g.step(batch)
             losses.append((err_d.mean().asscalar(), err_g.mean().asscalar()))
     if policy:  # both blocks planned, their plans recompute; D: one executor per call
-        d, g = (mxmirror.gluon.hook._planned[n].executors for n in (net_d, net_g))
+        d, g = (mxmirror.gluon.hook.planned_for(n).executors for n in (net_d, net_g))
         assert len(d) == 3 and len(g) == 1 and all(ex.plan.mirrored for ex in d + g)
     values = {f"{i}.{k}": p.data().asnumpy()
               for i, net in enumerate((net_g, net_d))
               for k, p in enumerate(net.collect_params().values())}
     return np.array(losses), values
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def check_dcgan_loop_like_plain():
@@ -243,7 +237,7 @@ def two_readers(policy=None, steps=3, batch=8):
     trainer = gluon.Trainer(params, "adam", {"learning_rate": 0.01})
     rs = np.random.RandomState(0)
     seen = {}
-    with mxmirror.enabled(policy) if policy else _nothing():
+    with mxmirror.enabled(policy) if policy else contextlib.nullcontext():
         for step in range(steps):
             noise, target = mx.nd.array(rs.randn(batch, 8)), mx.nd.array(rs.rand(batch, 16))
             with autograd.record():
@@ -251,16 +245,11 @@ def two_readers(policy=None, steps=3, batch=8):
                 loss = (net_d(fake) ** 2).mean() + (net_f(fake) - 1).abs().mean() + \
                     (fake - target).abs().mean()
             loss.backward()
-            seen[f"loss{step}"] = loss.asnumpy()
-            for k, p in enumerate(params.values()):
-                if p.grad_req != "null":
-                    seen[f"grad{step}.{k}"] = p.grad().asnumpy()
+            read_step(seen, step, params.values(), loss=loss)
             trainer.step(batch)
     if policy:
-        assert all(len(mxmirror.gluon.hook._planned[n].executors) == 1 for n in nets)
-    for k, p in enumerate(params.values()):
-        seen[f"value.{k}"] = p.data().asnumpy()
-    return seen
+        assert all(len(mxmirror.gluon.hook.planned_for(n).executors) == 1 for n in nets)
+    return read_values(seen, params.values())
 
 
 def check_two_readers_like_plain():
@@ -331,14 +320,9 @@ def beside(first: str, steps: int = 3) -> dict:
             else:
                 loss = net(a).mean() + net(b).mean()
         loss.backward()
-        seen[f"loss{step}"] = loss.asnumpy()
-        for k, p in enumerate(net.collect_params().values()):
-            if p.grad_req != "null":
-                seen[f"grad{step}.{k}"] = p.grad().asnumpy()
+        read_step(seen, step, net.collect_params().values(), loss=loss)
         trainer.step(8)
-    for k, p in enumerate(net.collect_params().values()):
-        seen[f"value.{k}"] = p.data().asnumpy()
-    return seen
+    return read_values(seen, net.collect_params().values())
 
 
 def test_block_itself_beside_a_planned_call_like_plain():
@@ -357,6 +341,7 @@ def test_mkldnn_off_bit_identical():
 
 
 UNPLANNED_BEFORE = """
+import contextlib
 import sys
 sys.path.insert(0, sys.argv[1])
 import mxnet as mx
@@ -374,7 +359,7 @@ def run(policy):
     net_d.initialize()
     net_d.hybridize()  # net_g stays unhybridized: trained unplanned, and so is net_d after it
     losses = []
-    with mxmirror.enabled(policy) if policy else t._nothing():
+    with mxmirror.enabled(policy) if policy else contextlib.nullcontext():
         for step in range(3):
             with autograd.record():
                 loss = net_d(net_g(mx.nd.ones((8, 8)) * step)).mean()

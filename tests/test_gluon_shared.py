@@ -29,6 +29,7 @@ from mxnet import autograd, gluon
 from mxmirror.gluon import PlannedBlock
 from tests import mkldnn_off
 from tests import test_gluon_segmented as seg
+from tests.helpers import read_step, read_values
 from tests.test_gluon import CTXS, assert_same
 from tests.test_gluon_calls import ROOT, _child, dense_bn
 
@@ -206,15 +207,9 @@ def input_used_twice(other: str, policy: str | None = "sqrt", steps: int = 3) ->
         with autograd.record():
             loss = model(x).mean() + ((x ** 2).sum() if other == "op" else model(x).mean())
         loss.backward()
-        seen[f"dx{step}"] = x.grad.asnumpy()
-        seen[f"loss{step}"] = loss.asnumpy()
-        for k, p in enumerate(net.collect_params().values()):
-            if p.grad_req != "null":
-                seen[f"grad{step}.{k}"] = p.grad().asnumpy()
+        read_step(seen, step, net.collect_params().values(), dx=x.grad, loss=loss)
         trainer.step(8)
-    for k, p in enumerate(net.collect_params().values()):
-        seen[f"value.{k}"] = p.data().asnumpy()
-    return seen
+    return read_values(seen, net.collect_params().values())
 
 
 def check_inputs_used_twice() -> None:

@@ -125,13 +125,14 @@ class PlannedBlock(load_mxnet().gluon.Block):
             self.fell_back()
             return None
         executor = self._executor(key, plan, symbol, fmt, given, reqs, params, ctx)
+        outputs = executor.forward(given.arrays)
+        # committed only now, so that a call that fails above leaves nothing behind
         sources = [calls.remark(s) for s in sources]
         for s in sources:
             if s.kind == "leaf":
                 s.array._fresh_grad = False  # set again by the backward() that reaches it
         for _, p in executor.trained:  # fresh again when backward() writes it
             p.data(ctx)._fresh_grad = False
-        outputs = executor.forward(given.arrays)
         calls.Call(self, executor, sources, outputs)
         from mxnet.gluon.block import _regroup
 

@@ -212,8 +212,15 @@ def choose_plan(owner: Any, symbol: Any, input_shapes: dict, types: dict, reqs: 
             said[shapes] = True
             log.info(f"{where} policy=none (unplanned executor)")
         return None, True
-    p = make_plan(symbol, policy=owner.policy, budget=owner.budget, type_dict=types,
-                  grad_req=reqs, **input_shapes)
+    try:
+        p = make_plan(symbol, policy=owner.policy, budget=owner.budget, type_dict=types,
+                      grad_req=reqs, **input_shapes)
+    except PlanError:
+        if owner.policy != "budget":
+            raise
+        # a budget no plan reaches: the smallest plan, which the note of auto's says
+        p = make_plan(symbol, policy="auto", budget=owner.budget, type_dict=types,
+                      grad_req=reqs, **input_shapes)
     summary = p.summary().replace("mxmirror: ", "")
     if others_pending:
         kept = retained_bytes(p.graph)

@@ -22,6 +22,11 @@ _reported: weakref.WeakSet = weakref.WeakSet()  # blocks whose unplanned line wa
 _depth = threading.local()  # .inside: within a planned call; .quiet: within an unhybridized one
 
 
+def planned_for(block: Any) -> PlannedBlock | None:
+    """The PlannedBlock the hook trains `block` through, if it made one."""
+    return _planned.get(block)
+
+
 def install(state: Callable[[], tuple[str | None, Any]]) -> None:
     """Route the outermost hybridized block called under autograd.record() through a
     PlannedBlock while ``state()`` (the bind hook's policy, budget) names a policy."""
@@ -58,9 +63,10 @@ def install(state: Callable[[], tuple[str | None, Any]]) -> None:
         _depth.inside = True
         try:
             out = planned.planned_call(args, kwargs)
-        except PlanError as e:
+        except Exception as e:  # noqa: BLE001 - never stop the script: train it unplanned
             planned.fell_back()
-            say(self, f"mxmirror: gluon {self.name} trained unplanned: {e}")
+            why = str(e) if isinstance(e, PlanError) else f"{type(e).__name__}: {e}"
+            say(self, f"mxmirror: gluon {self.name} trained unplanned: {why}")
         finally:
             _depth.inside = False
         return original(self, *args, **kwargs) if out is None else out
