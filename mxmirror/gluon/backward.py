@@ -168,16 +168,20 @@ class _Backward:
         self.known = known
         reached = [n.call for n in order if n.call is not None]
         self._keep_param_grads(reached)
+        # an input's history runs once every planned call reading it has run (its node
+        # in the order), and before any call whose output that history reads: all that
+        # are ready then run in one pass, in the order they were recorded
         anchors = {e.old_name: e for e in self.entries}
-        group: list = []
+        ready: list = []
         for node in order:
             if node.call is not None:
-                self._flush(group)
-                group = []
+                if any(e.vars & set(node.call.vars) for e in ready):
+                    self._flush(ready)
+                    ready = []
                 self._process(node.call)
             elif node.name in anchors and anchors[node.name].terms:
-                group.append(anchors[node.name])
-        self._flush(group)
+                ready.append(anchors[node.name])
+        self._flush(ready)
         self._write_params()
         self._write_leaves()
         done = set(reached)
@@ -191,6 +195,10 @@ class _Backward:
                     call.drop()
             else:
                 call.missed += 1
+        readers = {id(s.entry) for c in calls.pending() for s in c.sources if s.entry}
+        for e in calls.remarked():  # no planned call waiting reads it: a plain array again
+            if id(e) not in readers:
+                calls.forget(e)
 
     # ------------------------------------------------------------------ the replayed graph
     def _replay_graph(self) -> tuple[dict, list]:
@@ -303,6 +311,8 @@ class _Backward:
         if not group:
             return
         mx = load_mxnet()
+        recorded = {id(e): i for i, e in enumerate(self.entries)}
+        group = sorted(group, key=lambda e: recorded[id(e)])
         totals = []
         for e in group:
             given = self._autograd_terms(e.var, e.buffer, e.x, e.saved)

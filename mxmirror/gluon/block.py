@@ -55,6 +55,7 @@ class PlannedBlock(load_mxnet().gluon.Block):
         # or False where it would not pay
         self._unused: dict[tuple, Any] = {}  # the plans that would not pay
         self._said: dict[str, bool] = {}  # input shapes -> the verdict logged for them
+        self._collected: dict | None = None  # the block's Parameters by name
         self._said_plain = False  # the line for the block itself beside it
         self._own_fallback = -1  # backward() count when a call of its own ran unplanned
         calls.watch(block)
@@ -113,7 +114,7 @@ class PlannedBlock(load_mxnet().gluon.Block):
             return None
         sources = [calls.source_of(x, i) for i, x in enumerate(given.arrays)]
         self._finish_deferred_init(args, kwargs)
-        params = {p.name: p for p in self.block.collect_params().values()}
+        params = self._by_name()
         reqs = tuple(s.req for s in sources)
         key = (str(ctx), given.structure(),
                tuple((x.shape, dtype_name(x.dtype)) for x in given.arrays), reqs,
@@ -176,10 +177,11 @@ class PlannedBlock(load_mxnet().gluon.Block):
         """A free executor of this signature, bound if none is."""
         mx = load_mxnet()
         pool = self._executors.setdefault(key, [])
-        pool[:] = [ex for ex in pool if ex.current(params) or ex.call is not None]
-        for ex in pool:
-            if ex.current(params) and ex.free():
-                return ex
+        for ex in list(pool):
+            if ex.free():
+                if ex.current(params):
+                    return ex
+                pool.remove(ex)  # its Parameters' arrays were replaced (cast, reset_ctx)
         ex = PlannedExecutor(self, symbol, fmt, given.names, given.arrays, reqs, params, ctx,
                              plan)
         pool.append(ex)
@@ -192,10 +194,17 @@ class PlannedBlock(load_mxnet().gluon.Block):
                 self.block._build_cache(*args)
         return ex
 
+    def _by_name(self) -> dict:
+        """The block's Parameters by name (collected once: Gluon's collect_params walks
+        every child and checks its containers, which a loop of 200 calls feels)."""
+        if self._collected is None:
+            self._collected = {p.name: p for p in self.block.collect_params().values()}
+        return self._collected
+
     def _finish_deferred_init(self, args: tuple, kwargs: dict) -> None:
         """Parameters waiting for shapes get them from the inputs, as a first call would."""
         mx = load_mxnet()
-        params = list(self.block.collect_params().values())
+        params = list(self._by_name().values())
         if all(p._deferred_init == () for p in params):
             return
         with mx.autograd.pause():

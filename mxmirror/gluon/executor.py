@@ -32,7 +32,8 @@ SHARED_AFTER = 4  # the executors of a Parameter from the 4th share one gradient
 
 _executors: weakref.WeakSet = weakref.WeakSet()  # every live PlannedExecutor
 # Parameter -> {context: {"writer": weakref to the executor writing Parameter.grad,
-#                         "buffers": [the other executors' gradient arrays]}}
+#                         "buffers": [the other executors' gradient arrays],
+#                         "others": the other executors}}
 _grad_targets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -41,15 +42,14 @@ def _grad_target(p: Any, ctx: Any, executor: PlannedExecutor) -> tuple[Any, bool
     it too: `p.grad(ctx)` for the first live executor of p on ctx, else a buffer (the 2nd
     and 3rd their own, later ones one)."""
     mx = load_mxnet()
-    slot = _grad_targets.setdefault(p, {}).setdefault(str(ctx), {"writer": None,
-                                                                   "buffers": []})
+    slot = _grad_targets.setdefault(p, {}).setdefault(
+        str(ctx), {"writer": None, "buffers": [], "others": weakref.WeakSet()})
     writer = slot["writer"]() if slot["writer"] is not None else None
     if writer is None or not writer.current_for(p):
         slot["writer"] = weakref.ref(executor)
         return p.grad(ctx), False
-    others = sum(1 for ex in list(_executors) if ex is not executor and ex is not writer
-                 and str(ex.ctx) == str(ctx) and any(q is p for _, q in ex.trained))
-    index = min(others, SHARED_AFTER - 2)
+    index = min(len(slot["others"]), SHARED_AFTER - 2)
+    slot["others"].add(executor)
     while len(slot["buffers"]) <= index:
         slot["buffers"].append(mx.nd.zeros(p.shape, ctx, dtype=p.dtype))
     return slot["buffers"][index], index == SHARED_AFTER - 2
