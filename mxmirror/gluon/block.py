@@ -50,7 +50,7 @@ class PlannedBlock(load_mxnet().gluon.Block):
         self.policy = policy
         self.budget = budget
         self._executors: dict[tuple, list[PlannedExecutor]] = {}  # by call signature
-        self._plans: dict[tuple, tuple] = {}  # by signature: (plan, symbol, fmt, copies)
+        self._plans: dict[tuple, tuple] = {}  # by signature: what planning it needs
         self._decided: dict[tuple, Any] = {}  # (signature, another call pending): its plan,
         # or False where it would not pay
         self._unused: dict[tuple, Any] = {}  # the plans that would not pay
@@ -125,7 +125,7 @@ class PlannedBlock(load_mxnet().gluon.Block):
         if plan is False:
             self.fell_back()
             return None
-        executor = self._executor(key, plan, symbol, fmt, given, reqs, params, ctx)
+        executor = self._executor(key, plan, symbol, given, reqs, params, ctx)
         outputs = executor.forward(given.arrays)
         # committed only now, so that a call that fails above leaves nothing behind
         sources = [calls.remark(s) for s in sources]
@@ -172,7 +172,7 @@ class PlannedBlock(load_mxnet().gluon.Block):
                 self._unused[key, others] = plan
         return self._decided[key, others], symbol, fmt
 
-    def _executor(self, key: tuple, plan: Any, symbol: Any, fmt: Any, given: CallArgs,
+    def _executor(self, key: tuple, plan: Any, symbol: Any, given: CallArgs,
                   reqs: tuple, params: dict, ctx: Any) -> PlannedExecutor:
         """A free executor of this signature, bound if none is."""
         mx = load_mxnet()
@@ -182,8 +182,7 @@ class PlannedBlock(load_mxnet().gluon.Block):
                 if ex.current(params):
                     return ex
                 pool.remove(ex)  # its Parameters' arrays were replaced (cast, reset_ctx)
-        ex = PlannedExecutor(self, symbol, fmt, given.names, given.arrays, reqs, params, ctx,
-                             plan)
+        ex = PlannedExecutor(symbol, given.names, given.arrays, reqs, params, ctx, plan)
         pool.append(ex)
         args, kwargs = given.rebuilt(given.arrays)
         if not self.block._cached_op_args and not kwargs and not _own_call(self.block):

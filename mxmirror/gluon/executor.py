@@ -4,10 +4,10 @@ a plan is worth binding at all.
 Every backward runs from the caller's thread, after autograd's own and before backward()
 returns (backward.py), so an executor can read the Parameters' own arrays (a Trainer
 step queued later is ordered after it by MXNet's engine) and write their gradients: the
-first executor of a Parameter on a context writes its gradient array; a Parameter
-another executor also trains (a second call, a tied weight) gets one buffer for each of
-the next executors, at most SHARED_AFTER - 1, and one buffer all later ones share (sums
-of 5 and more terms are sequential: each term is added before the next is written).
+first executor of a Parameter on a context writes its gradient array; where other
+executors train it too (a second call, a tied weight) the second and third get a buffer
+each, the fourth and later share one (sums of 5 and more terms are sequential, so each
+term is added before the next is written).
 What a call holds besides MXNet's own figure are its input and output copies; a plan
 whose saving does not cover them is not bound.
 """
@@ -21,16 +21,16 @@ from typing import Any
 from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.api import plan as make_plan
 from mxmirror.errors import PlanError
-from mxmirror.gluon.inputs import dtype_name, nbytes, shapes_text, variable_name
+from mxmirror.gluon.inputs import nbytes, shapes_text, variable_name
 from mxmirror.ir import ops
 from mxmirror.ir.graph import Graph
 from mxmirror.log import log
 from mxmirror.runtime.aux_order import order_aux_updates
 from mxmirror.runtime.binds import unhooked
+from mxmirror.sim import memory_plan
 
 SHARED_AFTER = 4  # the executors of a Parameter from the 4th share one gradient buffer
 
-_executors: weakref.WeakSet = weakref.WeakSet()  # every live PlannedExecutor
 # Parameter -> {context: {"writer": weakref to the executor writing Parameter.grad,
 #                         "buffers": [the other executors' gradient arrays],
 #                         "others": the other executors}}
@@ -71,40 +71,37 @@ def retained_bytes(graph: Graph) -> int:
                         held.add(tuple(src[:2]))
                 elif ref[0] == "out":
                     held.add((n.id, ref[1]))
-    return sum(graph.nodes[k].element_counts[i] for k, i in held) * 4
+    return sum(graph.nodes[k].element_counts[i] for k, i in held) * memory_plan.ELEMENT_BYTES
 
 
 class PlannedExecutor:
     """MXNet's executor (or the segmented one) for a plan of the block's graph, on the
     Parameters' own data, aux and (first executor) gradient arrays."""
 
-    def __init__(self, owner: Any, symbol: Any, out_fmt: Any, names: list[str],
-                 inputs: list, input_reqs: tuple, params: dict, ctx: Any, plan: Any) -> None:
+    def __init__(self, symbol: Any, names: list[str], inputs: list, input_reqs: tuple,
+                 params: dict, ctx: Any, plan: Any) -> None:
         mx = load_mxnet()
-        self.out_fmt, self.names, self.ctx, self.plan = out_fmt, names, ctx, plan
+        self.names, self.ctx, self.plan = names, ctx, plan
         self.call = None  # the pending call it serves, if any
-        _executors.add(self)
         unknown = [n for n in symbol.list_arguments() + symbol.list_auxiliary_states()
                    if n not in names and n not in params]
         if unknown:
             raise PlanError(f"the block's graph reads {', '.join(unknown)}, which are neither "
                             f"its inputs nor its Parameters")
-        args, grads, reqs, types, shapes = {}, {}, {}, {}, {}
+        args, grads, reqs = {}, {}, {}
         for name, x, req in zip(names, inputs, input_reqs):
             args[name] = mx.nd.empty(x.shape, ctx, dtype=x.dtype)
-            reqs[name], types[name], shapes[name] = req, dtype_name(x.dtype), x.shape
+            reqs[name] = req
         self.trained = []  # (name, Parameter) of the arguments that get a gradient
         for name in symbol.list_arguments():
             if name in args:
                 continue
             p = params[name]
             args[name] = p.data(ctx)
-            reqs[name], types[name] = p.grad_req, dtype_name(p.dtype)
+            reqs[name] = p.grad_req
             if p.grad_req != "null":
                 self.trained.append((name, p))
         self.aux = {n: params[n].data(ctx) for n in symbol.list_auxiliary_states()}
-        for n in self.aux:
-            types[n] = dtype_name(params[n].dtype)
         self._grads = {}  # Parameter name -> the array this executor writes its gradient in
         self._reused = set()  # ... where later executors write theirs too
         for name, p in self.trained:
@@ -130,8 +127,10 @@ class PlannedExecutor:
         graph = json.loads(symbol.tojson())
         self.random = any(ops.is_random(n["op"]) for n in graph["nodes"])
         self.param_vars = {name: variable_name(p.data(ctx)) for name, p in self.trained}
-        self.own_bytes = nbytes(list(args[n] for n in names)) + nbytes(
-            [g for g in self.input_grads if g is not None])
+        # what a call holds besides MXNet's figure: its input copies, their gradients, and
+        # the copies of its outputs it gives out
+        self.own_bytes = nbytes([args[n] for n in names]) + nbytes(
+            [g for g in self.input_grads if g is not None]) + nbytes(self.exec.outputs)
 
     def writes(self, name: str) -> bool:
         """It writes Parameter `name`'s own gradient array (not a buffer)."""
