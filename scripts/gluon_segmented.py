@@ -19,12 +19,10 @@ import os
 import resource
 import subprocess
 import sys
-from pathlib import Path
 
 from _bootstrap import ROOT
 
 MODES = ["plain", "sqrt", "recursive"]
-START, END = "<!-- gluon_segmented: start -->", "<!-- gluon_segmented: end -->"
 
 
 def child(mode: str, blocks: int, batch: int, steps: int) -> None:
@@ -47,7 +45,7 @@ def child(mode: str, blocks: int, batch: int, steps: int) -> None:
     out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
            "wall": wall, "cpu": cpu}
     if mode != "plain":
-        (bound,) = run._bound.values()
+        (bound,) = run.executors
         out["kind"] = "segmented" if isinstance(bound.exec, SegmentedExecutor) else "mirror"
         out["predicted_mb"] = bound.plan.planned_mb
         if out["kind"] == "segmented":  # its templates share one pool: count every array
@@ -116,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
         mode, blocks, batch, steps = args.child
         child(mode, int(blocks), int(batch), int(steps))
         return
-    from provenance import generated_by
+    from provenance import generated_by, write_section
 
     argv = sys.argv[1:] if argv is None else argv
     mkldnn = "off" if os.environ.get("MXNET_MKLDNN_ENABLED") == "0" else "on"
@@ -133,11 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        page = Path(args.out).read_text()
-        if START not in page or END not in page:
-            raise SystemExit(f"{args.out} has no {START} ... {END} section")
-        head, rest = page.split(START, 1)
-        Path(args.out).write_text(head + START + "\n" + text + END + rest.split(END, 1)[1])
+        write_section(args.out, "gluon_segmented", text)
 
 
 if __name__ == "__main__":

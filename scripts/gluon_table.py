@@ -1,21 +1,18 @@
-"""Memory of model-zoo Gluon networks trained unplanned vs through PlannedBlock.
+"""What a Gluon training process holds, plain hybridized vs PlannedBlock: peak RSS over
+real Trainer steps.
 
-Three measurements, all printed as Markdown (and, with --out, written into the marked
-section of the given page):
+For every network and input size, child processes (one at a time, so that no two heavy
+runs share the machine) each train 3 Trainer steps (SGD with momentum) of the same
+initialized network: plain hybridized, PlannedBlock(sqrt) and PlannedBlock(search). Each
+prints its peak RSS (ru_maxrss), whether the plan was used (a plan whose saving does not
+cover PlannedBlock's own copies is not, and the block trains itself), MXNet's own
+figure for the planned executor (``Total X MB allocated``) beside the prediction, and
+PlannedBlock's own arrays (input and output copies, gradient buffers). The language
+model is MXNet's word-level LM example in small form (tests/test_gluon_rnn.WordLM:
+Embedding, ``rnn.LSTM(256, 2, dropout)``, Dense decoder, ``net(x, state)``), and its
+variant with two stacked one-layer LSTMs, at T=35 and T=200.
 
-1. Per network and policy: the plan's predicted MB beside MXNet's own figure
-   (``Total X MB allocated`` of the planned executor's debug_str, bound in a child
-   process exactly as PlannedBlock binds it: parameters trained, the input without a
-   gradient), and the recompute ratio. PlannedBlock also allocates, on top of MXNet's
-   figure, a copy of the weights and one gradient buffer per parameter (backward()
-   copies it into Parameter.grad()), the input copy and the output and output-gradient
-   copies: the "own arrays" column.
-2. Peak RSS of a child process over a few real Trainer steps, plain hybridized vs
-   PlannedBlock (a couple of networks; everything else in the process is the same).
-3. Step time planned / plain hybridized from the same runs (one run, steps after the
-   first, median).
-
-    python scripts/gluon_table.py [--batch 16] [--out docs/gluon.md]
+    python scripts/gluon_table.py [--sizes small,large,lm] [--networks N,...] [--out docs/gluon.md]
 """
 
 from __future__ import annotations
@@ -27,186 +24,204 @@ import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from _bootstrap import ROOT
-
-from mxmirror.adapter.figure import mxnet_mb_many
+from provenance import generated_by, write_section
 
 NETWORKS = ["resnet50_v1", "resnet101_v1", "resnet152_v1", "resnet50_v2", "resnet101_v2",
             "resnet152_v2", "densenet121", "densenet201", "mobilenetv2_1.0", "inceptionv3"]
-POLICIES = ["cheap", "sqrt", "optimal"]
-START, END = "<!-- gluon_table: start -->", "<!-- gluon_table: end -->"
+MODES = ["plain", "sqrt", "search"]
+SIZES = {"small": (8, 32, 10), "large": (16, 224, 1000)}  # batch, image side, classes
+LM = {"vocab": 10000, "emb": 256, "hidden": 256, "batch": 32}
 
 
-def image_size(name: str) -> int:
-    return 299 if "inception" in name else 224
-
-
-def model(name: str):
+def image_model(name: str, size: int, classes: int):
     from mxnet.gluon.model_zoo import vision
 
-    return vision.get_model(name, pretrained=False, classes=1000)
+    return vision.get_model(name, pretrained=False, classes=classes), \
+        (299 if "inception" in name and size > 32 else size)
 
 
-def memory_rows(networks: list[str], policies: list[str], batch: int) -> list[str]:
-    import mxnet as mx
-    import numpy as np
+def language_model(stacked: bool):
+    sys.path.insert(0, str(ROOT))
+    from mxnet import gluon
+    from mxnet.gluon import nn, rnn
 
-    import mxmirror
-    from mxmirror.ir.symbol_json import strip_json
+    from tests.test_gluon_rnn import WordLM
 
-    head = ("| network | params MB | unplanned: predicted / MXNet MB | "
-            + " | ".join(f"{p}: predicted / MXNet MB (x unplanned), recompute" for p in policies)
-            + " | own arrays MB |")
-    rows = [head, "|" + "---|" * (4 + len(policies))]
-    for name in networks:
-        net = model(name)
-        sym = net(mx.sym.var("data"))
-        size = image_size(name)
-        shape = (batch, 3, size, size)
-        net.initialize()
-        arg_shapes, _, _ = sym.infer_shape(data=shape)
-        params = {n: s for n, s in zip(sym.list_arguments(), arg_shapes) if n != "data"}
-        param_mb = sum(int(np.prod(s)) for s in params.values()) * 4 / 2**20
-        req = {n: ("null" if n == "data" else "write") for n in sym.list_arguments()}
-        plans = {p: mxmirror.plan(sym, p, grad_req=req, data=shape) for p in policies}
-        jobs = [strip_json(sym.tojson())] + [plans[p].symbol.tojson() for p in policies]
-        figures = mxnet_mb_many([
-            {"symbol": js, "shapes": {"data": list(shape)}, "type_dict": None, "grad_req": req}
-            for js in jobs])
-        base = figures[0]
-        cells = [f"{name} | {param_mb:.0f} | {plans[policies[0]].baseline_mb:.0f} / {base}"]
-        for p, fig in zip(policies, figures[1:]):
-            pl = plans[p]
-            cells.append(f"{pl.planned_mb:.0f} / {fig} ({fig / base:.2f}x), "
-                         f"{pl.recompute_ratio:.2f}")
-        own = 2 * param_mb + (np.prod(shape) + 2 * batch * 1000) * 4 / 2**20
-        rows.append("| " + " | ".join(cells) + f" | {own:.0f} |")
-        print(rows[-1], flush=True)
-    return rows
+    if not stacked:
+        return WordLM(LM["vocab"], LM["emb"], LM["hidden"], 2, 0.2)
+
+    class Stacked(gluon.HybridBlock):
+        """Two one-layer LSTM blocks with Dropout between them: a plan may cut there."""
+
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            with self.name_scope():
+                self.drop = nn.Dropout(0.2)
+                self.encoder = nn.Embedding(LM["vocab"], LM["emb"])
+                self.rnn1 = rnn.LSTM(LM["hidden"], 1, input_size=LM["emb"])
+                self.rnn2 = rnn.LSTM(LM["hidden"], 1, input_size=LM["hidden"])
+                self.decoder = nn.Dense(LM["vocab"], in_units=LM["hidden"])
+
+        def hybrid_forward(self, F, inputs, hidden):
+            h, c = hidden
+            layer = [[F.slice_axis(s, axis=0, begin=i, end=i + 1) for s in (h, c)]
+                     for i in range(2)]
+            out, first = self.rnn1(self.drop(self.encoder(inputs)), layer[0])
+            out, second = self.rnn2(self.drop(out), layer[1])
+            out = self.drop(out).reshape((-1, LM["hidden"]))
+            return self.decoder(out), [F.concat(first[0], second[0], dim=0),
+                                       F.concat(first[1], second[1], dim=0)]
+
+        def begin_state(self, *args, **kw):
+            return [self.rnn1.begin_state(*args, **kw)[0].tile((2, 1, 1)),
+                    self.rnn1.begin_state(*args, **kw)[1].tile((2, 1, 1))]
+
+    return Stacked()
 
 
-def timed_steps(net, mode: str, x, y, steps: int) -> tuple:
-    """`steps` Trainer steps (SGD with momentum) of the initialized, hybridized `net`, plain
-    (mode "plain") or through PlannedBlock(policy=mode): what ran it, and the wall and
-    process CPU seconds of each step."""
+def child(case: str, mode: str, steps: int) -> None:
+    """Train `steps` steps of `case` ('image NAME BATCH SIZE CLASSES' or 'lm T STACKED');
+    print what it held as JSON."""
     import mxnet as mx
     from mxnet import autograd, gluon
 
+    from mxmirror.adapter.children import allocated_mb
     from mxmirror.gluon import PlannedBlock
 
+    mx.random.seed(0)
+    kind, *spec = case.split()
+    if kind == "image":
+        name, batch, size, classes = spec[0], *map(int, spec[1:])
+        net, side = image_model(name, size, classes)
+        x = mx.nd.random.uniform(shape=(batch, 3, side, side))
+        y = mx.nd.array([i % classes for i in range(batch)])
+        inputs = lambda: (x,)  # noqa: E731
+    else:
+        T, stacked = int(spec[0]), spec[1] == "stacked"
+        net = language_model(stacked)
+        batch = LM["batch"]
+        x = mx.nd.array(mx.nd.random.randint(0, LM["vocab"], (T, batch)))
+        y = mx.nd.array(mx.nd.random.randint(0, LM["vocab"], (T * batch,)))
+        state = [s for s in net.begin_state(func=mx.nd.zeros, batch_size=batch)]
+        inputs = lambda: (x, [s.detach() for s in state])  # noqa: E731
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
     run = net if mode == "plain" else PlannedBlock(net, policy=mode)
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01,
                                                           "momentum": 0.9})
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    wall, cpu = [], []
+    times = []
     for _ in range(steps):
-        t, c = time.perf_counter(), time.process_time()
+        t = time.perf_counter()
         with autograd.record():
-            loss = loss_fn(run(x), y)
+            out = run(*inputs())
+            loss = loss_fn(out[0] if isinstance(out, (list, tuple)) else out, y)
         loss.backward()
-        trainer.step(x.shape[0])
+        trainer.step(batch)
         mx.nd.waitall()
-        wall.append(time.perf_counter() - t)
-        cpu.append(time.process_time() - c)
-    return run, wall, cpu
+        times.append(time.perf_counter() - t)
+    found = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+             "step_seconds": times}
+    if mode != "plain":
+        executors = run.executors
+        (plan, used), = run.decisions
+        found.update(used=used, predicted_mb=plan.planned_mb, baseline_mb=plan.baseline_mb,
+                     recompute=plan.recompute_ratio)
+        if executors:
+            found["mxnet_mb"] = sum(allocated_mb(executors[0].exec.debug_str()))
+            found["own_mb"] = sum(ex.own_bytes for ex in executors) / 2**20
+    print(json.dumps(found))
 
 
-def child(name: str, mode: str, batch: int, steps: int) -> None:
-    """Train `steps` Trainer steps; print peak RSS and step times as JSON."""
-    import mxnet as mx
-
-    mx.random.seed(0)
-    net = model(name)
-    net.initialize(mx.init.Xavier())
-    net.hybridize()
-    size = image_size(name)
-    x = mx.nd.random.uniform(shape=(batch, 3, size, size))
-    y = mx.nd.array([i % 1000 for i in range(batch)])
-    _, times, _ = timed_steps(net, mode, x, y, steps)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"peak_rss_mb": rss, "step_seconds": times}))
-
-
-def run_child(name: str, mode: str, batch: int, steps: int) -> dict:
+def run_child(case: str, mode: str, steps: int) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     env.pop("MXMIRROR_POLICY", None)
-    proc = subprocess.run([sys.executable, __file__, "--child", name, mode, str(batch),
-                           str(steps)], capture_output=True, text=True, env=env)
+    proc = subprocess.run([sys.executable, __file__, "--child", case, mode, str(steps)],
+                          capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        raise SystemExit(f"child {name} {mode} failed:\n{proc.stderr[-2000:]}")
+        tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        return {"failed": tail[:120]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def rss_rows(networks: list[str], policy: str, batch: int, steps: int,
-             timed: str) -> list[str]:
-    rows = [f"| network (batch {batch}, {steps} steps) | plain hybridized peak RSS MB | "
-            f"PlannedBlock({policy}) peak RSS MB | ratio | step time planned / plain |",
-            "|---|---|---|---|---|"]
-    for name in networks:
-        plain = run_child(name, "plain", batch, steps)
-        planned = run_child(name, policy, batch, steps)
-        ratio = ""
-        if name == timed:
-            def median(v):
-                s = sorted(v[1:])
-                return s[len(s) // 2]
-            ratio = (f"{median(planned['step_seconds']) / median(plain['step_seconds']):.2f} "
-                     f"({median(planned['step_seconds']):.2f} s / "
-                     f"{median(plain['step_seconds']):.2f} s)")
-        rows.append(f"| {name} | {plain['peak_rss_mb']:.0f} | {planned['peak_rss_mb']:.0f} | "
-                    f"{planned['peak_rss_mb'] / plain['peak_rss_mb']:.2f}x | {ratio} |")
-        print(rows[-1], flush=True)
-    return rows
+def median(values: list[float]) -> float:
+    rest = sorted(values[1:]) or values
+    return rest[len(rest) // 2]
+
+
+def rows(cases: list[tuple[str, str]], steps: int) -> list[str]:
+    head = ["| network | plain peak RSS MB | "
+            + " | ".join(f"{m}: peak RSS MB (x plain), plan used?" for m in MODES[1:])
+            + " | planned executor predicted / MXNet MB (sqrt; unplanned) | own arrays MB"
+            " | step time x plain (sqrt) |", "|---" * 6 + "|"]
+    out = list(head)
+    for label, case in cases:
+        found = {m: run_child(case, m, steps) for m in MODES}
+        plain = found["plain"]
+        if "failed" in plain:
+            out.append(f"| {label} | plain Gluon fails: {plain['failed']} | | | | | |")
+            print(out[-1], flush=True)
+            continue
+        cells = [label, f"{plain['peak_rss_mb']:.0f}"]
+        for m in MODES[1:]:
+            f = found[m]
+            if "failed" in f:
+                cells.append(f"failed: {f['failed']}")
+                continue
+            ratio = f["peak_rss_mb"] / plain["peak_rss_mb"]
+            cells.append(f"{f['peak_rss_mb']:.0f} ({ratio:.2f}x), "
+                         + ("yes" if f["used"] else "no: trained unplanned"))
+        sq = found["sqrt"]
+        figure = "" if "failed" in sq else (
+            f"{sq['predicted_mb']:.0f} / {sq.get('mxnet_mb', '-')}; {sq['baseline_mb']:.0f}")
+        own = "" if "failed" in sq else f"{sq.get('own_mb', 0):.1f}"
+        time_ratio = "" if "failed" in sq else \
+            f"{median(sq['step_seconds']) / median(plain['step_seconds']):.2f}"
+        out.append("| " + " | ".join(cells + [figure, own, time_ratio]) + " |")
+        print(out[-1], flush=True)
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--sizes", default="small,large,lm")
     ap.add_argument("--networks", default=",".join(NETWORKS))
-    ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--rss-networks", default="resnet50_v1,densenet121")
-    ap.add_argument("--rss-policy", default="sqrt")
-    ap.add_argument("--rss-batch", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--timed", default="resnet50_v1", help="network whose step time is given")
+    ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", help="page whose marked table section is rewritten")
-    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        name, mode, batch, steps = args.child
-        child(name, mode, int(batch), int(steps))
+        case, mode, steps = args.child
+        child(case, mode, int(steps))
         return
     import mxnet as mx
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=ROOT).stdout.strip() or "unknown"
-    command = "python scripts/gluon_table.py " + " ".join(argv if argv is not None
-                                                          else sys.argv[1:])
+    argv = sys.argv[1:] if argv is None else argv
     mkldnn = "off" if os.environ.get("MXNET_MKLDNN_ENABLED") == "0" else "on"
-    lines = [f"Generated by `{command.strip()}` at commit {commit} (MXNet {mx.__version__}, "
-             f"CPU, MKL-DNN {mkldnn}).",
-             "",
-             f"Memory for intermediates at batch {args.batch} (224x224, Inception-V3 299x299), "
-             f"float32, parameters trained, the input without a gradient. Predicted: "
-             f"mxmirror's simulation; MXNet: `Total X MB allocated` of the planned "
-             f"executor's debug_str (whole MB). Own arrays: what PlannedBlock allocates "
-             f"besides (weight copies, parameter-gradient buffers, input and output copies).", ""]
-    lines += memory_rows(args.networks.split(","), args.policies.split(","), args.batch)
-    lines += ["", "Peak RSS of a child process over real Trainer steps (SGD with momentum), "
-              "and the step time of one run (median of the steps after the first):", ""]
-    lines += rss_rows(args.rss_networks.split(","), args.rss_policy, args.rss_batch,
-                      args.steps, args.timed)
-    text = "\n".join(lines) + "\n"
+    load = os.getloadavg()
+    lines = [generated_by("scripts/gluon_table.py", argv) + f" MXNet {mx.__version__}, CPU, "
+             f"MKL-DNN {mkldnn}; load average {load[0]:.1f} at the start (2 cores, shared).",
+             ""]
+    networks = args.networks.split(",")
+    for size in args.sizes.split(","):
+        if size == "lm":
+            lines += [f"Word-level LM (vocab {LM['vocab']}, Embedding {LM['emb']}, "
+                      f"LSTM {LM['hidden']} x 2 layers, Dropout 0.2, Dense decoder; batch "
+                      f"{LM['batch']}; the loss outside the block, as in MXNet's example):", ""]
+            cases = [(f"LM fused rnn.LSTM(256, 2), T={T}", f"lm {T} fused") for T in (35, 200)]
+            cases += [(f"LM 2 x rnn.LSTM(256, 1), T={T}", f"lm {T} stacked") for T in (35, 200)]
+        else:
+            batch, side, classes = SIZES[size]
+            lines += [f"Batch {batch}, {side}x{side} (Inception-V3 299x299 at the large size), "
+                      f"{classes} classes:", ""]
+            cases = [(n, f"image {n} {batch} {side} {classes}") for n in networks]
+        lines += rows(cases, args.steps) + [""]
+    text = "\n".join(lines)
     if args.out:
-        page = Path(args.out).read_text()
-        if START not in page or END not in page:
-            raise SystemExit(f"{args.out} has no {START} ... {END} section")
-        head, rest = page.split(START, 1)
-        page = head + START + "\n" + text + END + rest.split(END, 1)[1]
-        Path(args.out).write_text(page)
+        write_section(args.out, "gluon_table", text)
 
 
 if __name__ == "__main__":

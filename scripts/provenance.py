@@ -67,3 +67,14 @@ def write_results(title: str, script: str, argv: list[str], notes: list[str],
     if out:
         out.write_text(text)
     return text
+
+
+def write_section(page: str, name: str, text: str) -> None:
+    """Replace what `page` holds between `<!-- NAME: start -->` and `<!-- NAME: end -->`
+    with `text` (a script's results, regenerated whole)."""
+    start, end = f"<!-- {name}: start -->", f"<!-- {name}: end -->"
+    content = Path(page).read_text()
+    if start not in content or end not in content:
+        raise SystemExit(f"{page} has no {start} ... {end} section")
+    head, rest = content.split(start, 1)
+    Path(page).write_text(head + start + "\n" + text + end + rest.split(end, 1)[1])

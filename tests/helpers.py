@@ -1,5 +1,6 @@
 """What several test files need: a child process's environment, MXNet's own figure of a bind
-in this process, dicts of arrays compared name by name, and mxmirror's log lines."""
+in this process, dicts of arrays compared name by name, mxmirror's log lines, and what a
+training step leaves for a user to read."""
 
 from __future__ import annotations
 
@@ -60,3 +61,20 @@ def log_lines() -> Iterator[list[str]]:
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
+
+
+def read_step(seen: dict, step: int, params, **arrays) -> None:
+    """Into `seen`: the named arrays (loss, input gradients...) and every trained
+    Parameter's gradient after step `step`, as NumPy arrays, keyed by position."""
+    for name, a in arrays.items():
+        seen[f"{name}{step}"] = a.asnumpy()
+    for k, p in enumerate(params):
+        if p.grad_req != "null":
+            seen[f"grad{step}.{k}"] = p.grad().asnumpy()
+
+
+def read_values(seen: dict, params) -> dict:
+    """Into `seen`: every Parameter's value (BatchNorm statistics included); `seen`."""
+    for k, p in enumerate(params):
+        seen[f"value.{k}"] = p.data().asnumpy()
+    return seen

@@ -1,9 +1,6 @@
 """Examples that run as pasted: every ```python block of README.md and docs/*.md, each in a
 child process of its own (so no block leans on another), in an empty folder, offline.
-"..." belongs in prose only: no code block holds it.
-
-Blocks of docs other sessions are rewriting are expected to fail (strict: once one runs,
-the mark must go) until they are made complete; OWNED_ELSEWHERE says why."""
+"..." belongs in prose only: no code block holds it."""
 
 from __future__ import annotations
 
@@ -23,26 +20,15 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 SECONDS = 120  # a block that needs longer is not an example a reader pastes and waits for
 
-# (file, index of its python block) -> why it does not run yet
-OWNED_ELSEWHERE = {
-    ("docs/gluon.md", 0): "downloads CIFAR-10 and trains ResNet-50 for 10 epochs (the Gluon "
-                          "issue owns docs/gluon.md)",
-    ("docs/gluon.md", 1): "a fragment: net_d, net_g, loss and the data are not defined",
-    ("docs/gluon.md", 2): "a fragment: planned, loss_fn, x and y are not defined",
-}
-
-
 def _blocks() -> list:
     params = []
     for doc in DOCS:
         name = doc.relative_to(ROOT).as_posix()
         text = doc.read_text()
         python = [m for m in FENCE.finditer(text) if m.group(1) == "python"]
-        for k, m in enumerate(python):
+        for m in python:
             line = text[:m.start()].count("\n") + 1
-            marks = ([pytest.mark.xfail(reason=OWNED_ELSEWHERE[name, k], strict=True)]
-                     if (name, k) in OWNED_ELSEWHERE else [])
-            params.append(pytest.param(m.group(2), id=f"{name}:{line}", marks=marks))
+            params.append(pytest.param(m.group(2), id=f"{name}:{line}"))
     return params
 
 

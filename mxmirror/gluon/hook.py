@@ -1,6 +1,8 @@
-"""The unchanged-script hook: the outermost hybridized block called under autograd.record()
-goes through a PlannedBlock while the bind hook names a policy (``mxmirror run``,
-``enabled()``, ``MXMIRROR_POLICY``); what a plan cannot serve trains unplanned, said once."""
+"""The unchanged-script hook: the outermost hybridized block with Parameters called under
+autograd.record() goes through a PlannedBlock while the bind hook names a policy
+(``mxmirror run``, ``enabled()``, ``MXMIRROR_POLICY``). What a plan cannot serve, or does
+not pay for, trains unplanned, said once per block; a block without Parameters (a loss)
+is left alone without a word. Nothing here raises into the script."""
 
 from __future__ import annotations
 
@@ -9,22 +11,20 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
 from mxmirror.gluon.block import PlannedBlock
-from mxmirror.gluon.calls import _check_fed_by_planned, _check_inputs, _mx
 from mxmirror.log import log
 
-# ------------------------------------------------------------ the unchanged-script hook
-_hook: dict[str, Any] = {}
+_hook: dict[str, Any] = {}  # "call": HybridBlock.__call__ as MXNet has it
+_planned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # block -> its PlannedBlock
+_reported: weakref.WeakSet = weakref.WeakSet()  # blocks whose unplanned line was logged
+_depth = threading.local()  # .inside: within a planned call; .quiet: within an unhybridized one
 
 
-_planned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-_reported: weakref.WeakSet = weakref.WeakSet()
-
-
-_depth = threading.local()
+def planned_for(block: Any) -> PlannedBlock | None:
+    """The PlannedBlock the hook trains `block` through, if it made one."""
+    return _planned.get(block)
 
 
 def install(state: Callable[[], tuple[str | None, Any]]) -> None:
@@ -32,41 +32,43 @@ def install(state: Callable[[], tuple[str | None, Any]]) -> None:
     PlannedBlock while ``state()`` (the bind hook's policy, budget) names a policy."""
     if _hook:
         return
-    mx = _mx()
+    mx = load_mxnet()
     hybrid = mx.gluon.HybridBlock
     original = _hook["call"] = hybrid.__call__
+
+    def say(block: Any, line: str) -> None:
+        if block not in _reported and not getattr(_depth, "quiet", False):
+            _reported.add(block)
+            log.info(line)
 
     def call(self, *args, **kwargs):
         policy, budget = state()
         if policy in (None, "none") or getattr(_depth, "inside", False) \
                 or not mx.autograd.is_recording() or not mx.autograd.is_training() \
-                or any(isinstance(a, mx.sym.Symbol) for a in args):  # a graph being traced
+                or any(isinstance(a, mx.sym.Symbol) for a in args) \
+                or not self.collect_params().keys():  # a graph being traced; a loss
             return original(self, *args, **kwargs)
         if not self._active:  # its hybridized children may still be planned
-            if self not in _reported and not getattr(_depth, "quiet", False):
-                _reported.add(self)
-                log.info(f"mxmirror: gluon {self.name} is not hybridized: trained "
-                         f"unplanned (call .hybridize() to plan it)")
+            say(self, f"mxmirror: gluon {self.name} is not hybridized: trained unplanned "
+                      f"(call .hybridize() to plan it)")
             quiet, _depth.quiet = getattr(_depth, "quiet", False), True
             try:
                 return original(self, *args, **kwargs)
             finally:
                 _depth.quiet = quiet
-        try:
-            _check_inputs(args, kwargs)
-            _check_fed_by_planned(args)
-        except PlanError as e:
-            if self not in _reported and not getattr(_depth, "quiet", False):
-                _reported.add(self)
-                log.info(f"mxmirror: gluon {self.name} trained unplanned: {e}")
-            return original(self, *args, **kwargs)
         planned = _planned.get(self)
         if planned is None or (planned.policy, planned.budget) != (policy, budget):
             planned = _planned[self] = PlannedBlock(self, policy, budget)
+        out = None
         _depth.inside = True
         try:
-            return planned(*args)
+            out = planned.planned_call(args, kwargs)
+        except Exception as e:  # noqa: BLE001 - never stop the script: train it unplanned
+            planned.fell_back()
+            why = str(e) if isinstance(e, PlanError) else f"{type(e).__name__}: {e}"
+            say(self, f"mxmirror: gluon {self.name} trained unplanned: {why}")
         finally:
             _depth.inside = False
+        return original(self, *args, **kwargs) if out is None else out
 
     hybrid.__call__ = call

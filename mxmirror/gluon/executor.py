@@ -1,0 +1,236 @@
+"""One planned executor of a block's graph, bound on the block's own arrays, and whether
+a plan is worth binding at all.
+
+Every backward runs from the caller's thread, after autograd's own and before backward()
+returns (backward.py), so an executor can read the Parameters' own arrays (a Trainer
+step queued later is ordered after it by MXNet's engine) and write their gradients: the
+first executor of a Parameter on a context writes its gradient array; where other
+executors train it too (a second call, a tied weight) the second and third get a buffer
+each, the fourth and later share one (sums of 5 and more terms are sequential, so each
+term is added before the next is written).
+What a call holds besides MXNet's own figure are its input and output copies; a plan
+whose saving does not cover them is not bound.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from typing import Any
+
+from mxmirror.adapter.symbol import load_mxnet
+from mxmirror.api import plan as make_plan
+from mxmirror.errors import PlanError
+from mxmirror.gluon.inputs import nbytes, shapes_text, variable_name
+from mxmirror.ir import ops
+from mxmirror.ir.graph import Graph
+from mxmirror.log import log
+from mxmirror.runtime.aux_order import order_aux_updates
+from mxmirror.runtime.binds import unhooked
+from mxmirror.sim import memory_plan
+
+SHARED_AFTER = 4  # the executors of a Parameter from the 4th share one gradient buffer
+
+# Parameter -> {context: {"writer": weakref to the executor writing Parameter.grad,
+#                         "buffers": [the other executors' gradient arrays],
+#                         "others": the other executors}}
+_grad_targets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _grad_target(p: Any, ctx: Any, executor: PlannedExecutor) -> tuple[Any, bool]:
+    """The array `executor` writes `p`'s gradient into, and whether later executors write
+    it too: `p.grad(ctx)` for the first live executor of p on ctx, else a buffer (the 2nd
+    and 3rd their own, later ones one)."""
+    mx = load_mxnet()
+    slot = _grad_targets.setdefault(p, {}).setdefault(
+        str(ctx), {"writer": None, "buffers": [], "others": weakref.WeakSet()})
+    writer = slot["writer"]() if slot["writer"] is not None else None
+    if writer is None or not writer.current_for(p):
+        slot["writer"] = weakref.ref(executor)
+        return p.grad(ctx), False
+    index = min(len(slot["others"]), SHARED_AFTER - 2)
+    slot["others"].add(executor)
+    while len(slot["buffers"]) <= index:
+        slot["buffers"].append(mx.nd.zeros(p.shape, ctx, dtype=p.dtype))
+    return slot["buffers"][index], index == SHARED_AFTER - 2
+
+
+def retained_bytes(graph: Graph) -> int:
+    """What plain Gluon holds per call between its forward and its backward: every forward
+    value a backward reads (autograd keeps each op's saved inputs and outputs)."""
+    held = set()
+    for n in graph.nodes:
+        tpl = n.template
+        if n.is_variable or tpl is None:
+            continue
+        for tn in tpl.nodes:
+            for ref in tn.inputs:
+                if ref[0] == "in" and ref[1] < len(n.inputs):
+                    src = n.inputs[ref[1]]
+                    if not graph.nodes[src[0]].is_variable:
+                        held.add(tuple(src[:2]))
+                elif ref[0] == "out":
+                    held.add((n.id, ref[1]))
+    return sum(graph.nodes[k].element_counts[i] for k, i in held) * memory_plan.ELEMENT_BYTES
+
+
+class PlannedExecutor:
+    """MXNet's executor (or the segmented one) for a plan of the block's graph, on the
+    Parameters' own data, aux and (first executor) gradient arrays."""
+
+    def __init__(self, symbol: Any, names: list[str], inputs: list, input_reqs: tuple,
+                 params: dict, ctx: Any, plan: Any) -> None:
+        mx = load_mxnet()
+        self.names, self.ctx, self.plan = names, ctx, plan
+        self.call = None  # the pending call it serves, if any
+        unknown = [n for n in symbol.list_arguments() + symbol.list_auxiliary_states()
+                   if n not in names and n not in params]
+        if unknown:
+            raise PlanError(f"the block's graph reads {', '.join(unknown)}, which are neither "
+                            f"its inputs nor its Parameters")
+        args, grads, reqs = {}, {}, {}
+        for name, x, req in zip(names, inputs, input_reqs):
+            args[name] = mx.nd.empty(x.shape, ctx, dtype=x.dtype)
+            reqs[name] = req
+        self.trained = []  # (name, Parameter) of the arguments that get a gradient
+        for name in symbol.list_arguments():
+            if name in args:
+                continue
+            p = params[name]
+            args[name] = p.data(ctx)
+            reqs[name] = p.grad_req
+            if p.grad_req != "null":
+                self.trained.append((name, p))
+        self.aux = {n: params[n].data(ctx) for n in symbol.list_auxiliary_states()}
+        self._grads = {}  # Parameter name -> the array this executor writes its gradient in
+        self._reused = set()  # ... where later executors write theirs too
+        for name, p in self.trained:
+            self._grads[name], shared = _grad_target(p, ctx, self)
+            grads[name] = self._grads[name]
+            if shared:
+                self._reused.add(name)
+        for name, req in zip(names, input_reqs):
+            if req != "null":
+                grads[name] = mx.nd.zeros(args[name].shape, ctx, dtype=args[name].dtype)
+        # grad_req 'add' adds in the kernel where the executor writes the Parameter's own
+        # gradient, as the block's CachedOp does; a buffer gets a term backward() adds
+        for name, p in self.trained:
+            reqs[name] = "add" if p.grad_req == "add" and self.writes(name) else "write"
+        kw = dict(args=args, args_grad=grads, grad_req=reqs, aux_states=self.aux)
+        if plan is None:
+            self.exec = order_aux_updates(unhooked("bind")(symbol, ctx, **kw))
+        else:
+            self.exec = plan.bind(ctx, symbol=symbol, **kw)
+        self.input_grads = [self.exec.grad_dict.get(n) if r != "null" else None
+                            for n, r in zip(names, input_reqs)]
+        self.inputs_order = symbol.list_inputs()  # data and Parameters, as the CachedOp's
+        graph = json.loads(symbol.tojson())
+        self.random = any(ops.is_random(n["op"]) for n in graph["nodes"])
+        self.param_vars = {name: variable_name(p.data(ctx)) for name, p in self.trained}
+        # what a call holds besides MXNet's figure: its input copies, their gradients, and
+        # the copies of its outputs it gives out
+        self.own_bytes = nbytes([args[n] for n in names]) + nbytes(
+            [g for g in self.input_grads if g is not None]) + nbytes(self.exec.outputs)
+
+    def writes(self, name: str) -> bool:
+        """It writes Parameter `name`'s own gradient array (not a buffer)."""
+        p = dict(self.trained)[name]
+        return self._grads[name] is p.grad(self.ctx)
+
+    def current_for(self, p: Any) -> bool:
+        """It is bound to p's current data and writes p's current gradient array."""
+        return any(q is p and self.exec.arg_dict[n] is p.data(self.ctx) and self.writes(n)
+                   for n, q in self.trained)
+
+    def grad_term(self, name: str) -> Any:
+        """The array holding this executor's gradient of Parameter `name` after backward."""
+        return self._grads[name]
+
+    def reuses(self, name: str) -> bool:
+        """Another executor writes its gradient of `name` into the same array."""
+        return name in self._reused
+
+    def current(self, params: dict) -> bool:
+        """Still bound to the Parameters' own arrays (cast or reset_ctx replace them)."""
+        ctx = self.ctx
+        if any(params[n].data(ctx) is not a for n, a in self.aux.items()):
+            return False
+        for name, p in self.trained:
+            slot = _grad_targets.get(p, {}).get(str(ctx), {})
+            writer = slot.get("writer")
+            if params[name].data(ctx) is not self.exec.arg_dict[name] or \
+                    (writer is not None and writer() is self and not self.writes(name)):
+                return False
+        return True
+
+    def forward(self, inputs: list) -> list:
+        """Copy the inputs in, run the training forward, copies of the outputs."""
+        mx = load_mxnet()
+        with mx.autograd.pause(train_mode=True):
+            for name, x in zip(self.names, inputs):
+                x.copyto(self.exec.arg_dict[name])
+            self.exec.forward(is_train=True)
+            return [o.copy() for o in self.exec.outputs]
+
+    def rerun_forward(self) -> None:
+        """The same forward again (a graph kept with retain_graph, backward a second time)."""
+        with load_mxnet().autograd.pause(train_mode=True):
+            self.exec.forward(is_train=True)
+
+    def backward(self, head_grads: list) -> None:
+        self.exec.backward(out_grads=head_grads)
+
+    def free(self) -> bool:
+        """Its call (if any) needs it no more: backward done, or the call abandoned."""
+        call = self.call
+        if call is None:
+            return True
+        if call.abandoned():
+            call.drop()
+            return True
+        return False
+
+
+def size_text(n: float) -> str:
+    """Bytes as a log line shows them: MB, or KB below one MB."""
+    return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 2**10:.0f} KB"
+
+
+def choose_plan(owner: Any, symbol: Any, input_shapes: dict, types: dict, reqs: dict,
+                copies: int, others_pending: bool, said: dict) -> tuple[Any, bool]:
+    """The plan for the block's graph (None for policy none) and whether to bind it: a
+    plan is used only when it saves more than the copies a call holds besides (`copies`
+    bytes); while another call of the block waits for its backward, only when the planned
+    executor and the copies hold less than plain Gluon keeps for one call. One log line
+    per input shape says which, and why (another where a later call decides otherwise);
+    `said` keeps the verdicts logged, by shapes."""
+    shapes = shapes_text(input_shapes)
+    where = f"mxmirror: gluon {owner.block.name} {shapes}"
+    if owner.policy == "none":
+        if shapes not in said:
+            said[shapes] = True
+            log.info(f"{where} policy=none (unplanned executor)")
+        return None, True
+    # a budget no plan reaches: the smallest plan, said in its note (the bind hook's rule)
+    p = make_plan(symbol, policy=owner.policy, budget=owner.budget, type_dict=types,
+                  grad_req=reqs, or_smallest=True, **input_shapes)
+    summary = p.summary().replace("mxmirror: ", "")
+    if others_pending:
+        kept = retained_bytes(p.graph)
+        use = p.planned_bytes + copies < kept
+        why = (f"another call of the block waits for backward(): the planned executor "
+               f"({size_text(p.planned_bytes)}) and the copies ({size_text(copies)}) "
+               f"{'hold less' if use else 'would hold more'} than plain Gluon keeps for a "
+               f"call ({size_text(kept)})")
+    else:
+        saving = p.baseline_bytes - p.planned_bytes
+        use = saving > copies
+        why = (f"the plan saves {size_text(saving)}, "
+               f"{'more' if use else 'not more'} than PlannedBlock's input and output "
+               f"copies ({size_text(copies)})")
+    if said.get(shapes) != use:
+        said[shapes] = use
+        verdict = "planned" if use else "trained unplanned"
+        notes = p.notes if p.recomputed_ids else []  # else the summary says them
+        log.info("; ".join([f"{where} {summary}: {verdict}, {why}", *notes]))
+    return p, use

@@ -1,0 +1,201 @@
+"""Where a Gluon process's memory goes, beside scripts/gluon_table.py's peak RSS: the
+figures docs/gluon.md reads that table with.
+
+1. The word-level LM (scripts/gluon_table.py's, fused, stacked, and with the loss inside
+   the block): MXNet's planner simulated for no plan and for the sqrt and search plans,
+   what plain Gluon keeps for the backward, and the block's output (T x batch x vocab).
+2. mxmirror's own cost in a process whose plan is not used: ResNet-18 at batch 8, 32x32,
+   3 steps, plain hybridized vs PlannedBlock with its (paying) plan forced unused, 3
+   alternating runs each (the peak varies by several MB from run to run).
+3. An executor's memory beyond MXNet's figure: the process's growth over 3 training steps
+   of MXNet's executor bound on the Parameters' arrays, unplanned, vs the CachedOp's.
+
+Each measurement runs in a child process of its own.
+
+    python scripts/gluon_memory_notes.py [--out docs/gluon.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from _bootstrap import ROOT
+from provenance import generated_by, write_section
+
+
+def _rss() -> float:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") \
+        / 2**20
+
+
+def lm_figures() -> list[str]:
+    import mxnet as mx
+    from gluon_table import LM, language_model
+
+    import mxmirror
+    from mxmirror.gluon.executor import retained_bytes
+
+    class WithLoss(type(language_model(False))):
+        def hybrid_forward(self, F, inputs, hidden, target):
+            out, hidden = super().hybrid_forward(F, inputs, hidden)
+            return -F.pick(F.log_softmax(out), target.reshape((-1,)), axis=-1), hidden
+
+    rows = ["| LM, T | no plan MB | sqrt MB | search MB | plain Gluon keeps MB | the block's "
+            "output MB |", "|---|---|---|---|---|---|"]
+    for T in (35, 200):
+        for name, net in (("fused", language_model(False)), ("stacked", language_model(True)),
+                          ("fused, loss inside", WithLoss(LM["vocab"], LM["emb"], LM["hidden"],
+                                                          2, 0.2))):
+            net.initialize()
+            inputs = [mx.sym.var("data0"), [mx.sym.var("data1"), mx.sym.var("data2")]]
+            shapes = {"data0": (T, LM["batch"]), "data1": (2, LM["batch"], LM["hidden"]),
+                      "data2": (2, LM["batch"], LM["hidden"])}
+            if "loss" in name:
+                inputs.append(mx.sym.var("data3"))
+                shapes["data3"] = (T, LM["batch"])
+            out, state = net(*inputs)
+            sym = mx.sym.Group([out, *state])
+            req = {a: ("null" if a in shapes else "write") for a in sym.list_arguments()}
+            plans = {p: mxmirror.plan(sym, p, grad_req=req, **shapes) for p in ("sqrt", "search")}
+            output_mb = T * LM["batch"] * (1 if "loss" in name else LM["vocab"]) * 4 / 2**20
+            kept = retained_bytes(plans["sqrt"].graph) / 2**20
+            rows.append(f"| {name}, T={T} | {plans['sqrt'].baseline_mb:.1f} | "
+                        f"{plans['sqrt'].planned_mb:.1f} | {plans['search'].planned_mb:.1f} | "
+                        f"{kept:.1f} | {output_mb:.1f} |")
+    return rows
+
+
+def overhead_child(mode: str) -> None:
+    import resource
+
+    import mxnet as mx
+    from mxnet import autograd, gluon
+    from mxnet.gluon.model_zoo import vision
+
+    mx.random.seed(0)
+    net = vision.resnet18_v1(classes=10)
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    run = net
+    if mode != "plain":
+        import mxmirror.gluon.block as block
+        from mxmirror.gluon import PlannedBlock
+
+        chosen = block.choose_plan
+        block.choose_plan = lambda *a, **k: (chosen(*a, **k)[0], False)  # forced unused
+        run = PlannedBlock(net, "sqrt")
+    x = mx.nd.random.uniform(shape=(8, 3, 32, 32))
+    y = mx.nd.array([i % 10 for i in range(8)])
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01,
+                                                          "momentum": 0.9})
+    for _ in range(3):
+        with autograd.record():
+            loss = gluon.loss.SoftmaxCrossEntropyLoss()(run(x), y)
+        loss.backward()
+        trainer.step(8)
+        mx.nd.waitall()
+    used = [u for _, u in run.decisions] if mode != "plain" else []
+    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "used": used}))
+
+
+def executor_child(name: str, how: str) -> None:
+    import mxnet as mx
+    from mxnet import autograd
+    from mxnet.gluon.model_zoo import vision
+
+    from mxmirror.adapter.children import allocated_mb
+
+    net = vision.get_model(name, classes=10)
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    x = mx.nd.random.uniform(shape=(8, 3, 32, 32))
+    net(x)
+    mx.nd.waitall()
+    sym = net(mx.sym.var("data"))
+    params = {p.name: p for p in net.collect_params().values()}
+    before = _rss()
+    figure = None
+    for _ in range(3):
+        if how == "executor":
+            if figure is None:
+                args = {n: params[n].data() for n in sym.list_arguments() if n != "data"}
+                args["data"] = x
+                grads = {n: params[n].grad() for n in args if n != "data"}
+                aux = {n: params[n].data() for n in sym.list_auxiliary_states()}
+                req = {n: "null" if n == "data" else "write" for n in args}
+                ex = sym.bind(mx.cpu(), args, args_grad=grads, grad_req=req, aux_states=aux)
+                figure = sum(allocated_mb(ex.debug_str()))
+            ex.forward(is_train=True)
+            ex.backward(mx.nd.ones(ex.outputs[0].shape))
+        else:
+            with autograd.record():
+                out = net(x)
+            out.backward()
+        mx.nd.waitall()
+    print(json.dumps({"growth_mb": _rss() - before, "figure_mb": figure}))
+
+
+def child(args: list[str]) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(ROOT), str(ROOT / "scripts"), os.environ.get("PYTHONPATH")) if p))
+    env.pop("MXMIRROR_POLICY", None)
+    proc = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True,
+                          text=True, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"child {args} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="page whose marked section is rewritten")
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        kind, *rest = args.child
+        if kind == "lm":
+            print(json.dumps(lm_figures()))
+        elif kind == "overhead":
+            overhead_child(*rest)
+        else:
+            executor_child(*rest)
+        return
+    load = os.getloadavg()[0]
+    lines = [generated_by("scripts/gluon_memory_notes.py", sys.argv[1:] if argv is None
+                          else argv) + f" Load average {load:.1f} at the start.", "",
+             "The language model's memory, simulated (MXNet's planner; vocabulary 10000, "
+             "batch 32, hidden 256, 2 layers):", ""]
+    lines += child(["lm"])
+    runs = {"plain": [], "unused": []}
+    for _ in range(3):  # alternating: the peak varies by several MB from run to run
+        for mode, found in runs.items():
+            found.append(child(["overhead", mode]))
+    assert all(r["used"] == [False] for r in runs["unused"]), runs["unused"]
+    plain, unused = ([r["peak_rss_mb"] for r in runs[m]] for m in ("plain", "unused"))
+    lines += ["", f"mxmirror's own cost where the plan is not used (ResNet-18, batch 8, 32x32, "
+              f"3 steps, 3 runs each, alternating): peak RSS {min(unused):.0f} to "
+              f"{max(unused):.0f} MB with PlannedBlock, {min(plain):.0f} to {max(plain):.0f} MB "
+              f"plain (the least: +{min(unused) - min(plain):.0f} MB).", "",
+              "Growth of the process over 3 training steps at batch 8, 32x32, besides the "
+              "Parameters and their gradients, for MXNet's executor (unplanned, its figure "
+              "beside) and for the CachedOp:", "",
+              "| network | executor MB (MXNet's figure MB) | CachedOp MB |", "|---|---|---|"]
+    for name in ("resnet50_v1", "mobilenetv2_1.0"):
+        ex, cached = (child(["executor", name, how]) for how in ("executor", "cachedop"))
+        lines.append(f"| {name} | {ex['growth_mb']:.0f} ({ex['figure_mb']}) | "
+                     f"{cached['growth_mb']:.0f} |")
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        write_section(args.out, "gluon_memory_notes", text)
+    else:
+        print(text)
+
+
+if __name__ == "__main__":
+    main()

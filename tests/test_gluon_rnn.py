@@ -1,0 +1,225 @@
+"""Recurrent Gluon as users write it: a word-level language model in the style of MXNet's
+own Gluon example (Embedding, a fused ``rnn.LSTM(hidden, 2, dropout)``, a Dense decoder,
+``net(x, state)`` with a list of states returned and fed back each batch), its tied
+encoder/decoder variant, an rnn layer given its states by keyword, and a hybridized
+decoder step called once per step in a Python loop. Every gradient, parameter, output,
+state and loss equals plain hybridized Gluon bit for bit, with MKL-DNN on and, where
+plain Gluon runs without it (no fused RNN op), in a child with it off.
+
+The language models' plans would save almost nothing (the fused RNN op is one random
+op; what surrounds it is small or is the block's own output), so under ``sqrt`` they are
+trained unplanned, said in the log line; ``policy="none"`` binds MXNet's executor anyway,
+which is what these tests compare (its Dropout masks are the CachedOp's: measured equal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon
+from mxnet.gluon import nn, rnn
+
+import mxmirror
+from mxmirror.gluon import PlannedBlock
+from mxmirror.log import show as show_log
+from tests import mkldnn_off
+from tests.test_gluon import assert_same
+
+
+class WordLM(gluon.HybridBlock):
+    """MXNet 1.9.1's example/gluon/word_language_model model, in small."""
+
+    def __init__(self, vocab: int, emb: int, hidden: int, layers: int, dropout: float,
+                 tied: bool = False, **kw):
+        super().__init__(**kw)
+        with self.name_scope():
+            self.drop = nn.Dropout(dropout)
+            self.encoder = nn.Embedding(vocab, emb)
+            self.rnn = rnn.LSTM(hidden, layers, dropout=dropout, input_size=emb)
+            if tied:
+                self.decoder = nn.Dense(vocab, in_units=hidden, params=self.encoder.params)
+            else:
+                self.decoder = nn.Dense(vocab, in_units=hidden)
+        self.hidden = hidden
+
+    def hybrid_forward(self, F, inputs, hidden):
+        emb = self.drop(self.encoder(inputs))
+        output, hidden = self.rnn(emb, hidden)
+        output = self.drop(output)
+        return self.decoder(output.reshape((-1, self.hidden))), hidden
+
+    def begin_state(self, *args, **kw):
+        return self.rnn.begin_state(*args, **kw)
+
+
+def train_lm(policy=None, hooked=False, tied=False, dropout=0.3, steps=3, T=12, B=4,
+             vocab=50) -> dict:
+    """Every array a user can read after `steps` batches of the example's loop: detach the
+    states, record, backward, clip, step."""
+    mx.random.seed(0)
+    hidden = 16 if tied else 24
+    net = WordLM(vocab, hidden if tied else 12, hidden, 2, dropout, tied=tied)
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    model = net if policy is None or hooked else PlannedBlock(net, policy)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 1.0, "wd": 0})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    rs = np.random.RandomState(0)
+    state = net.begin_state(func=mx.nd.zeros, batch_size=B)
+    seen = {}
+    with mxmirror.enabled(policy) if hooked else contextlib.nullcontext():
+        for step in range(steps):
+            data = mx.nd.array(rs.randint(0, vocab, (T, B)))
+            target = mx.nd.array(rs.randint(0, vocab, (T, B)))
+            state = [s.detach() for s in state]
+            with autograd.record():
+                output, state = model(data, state)
+                loss = loss_fn(output, target.reshape((-1,)))
+            loss.backward()
+            grads = [p.grad() for p in net.collect_params().values()]
+            for k, g in enumerate(grads):
+                seen[f"grad{step}.{k}"] = g.asnumpy()
+            gluon.utils.clip_global_norm(grads, 0.25 * B)
+            trainer.step(B)
+            seen[f"loss{step}"], seen[f"out{step}"] = loss.asnumpy(), output.asnumpy()
+            for k, s in enumerate(state):
+                seen[f"state{step}.{k}"] = s.asnumpy()
+    for k, p in enumerate(net.collect_params().values()):
+        seen[f"value{k}"] = p.data().asnumpy()
+    if policy == "none" and not hooked:
+        assert len(model.executors) == 1
+    return seen
+
+
+def test_word_lm_state_list_and_dropout_like_plain():
+    """The state list in and out, Dropout in the RNN and around it, 3 steps: MXNet's
+    executor (policy none) equals plain hybridized Gluon, and so does the hook."""
+    plain = train_lm()
+    assert_same(train_lm("none"), plain)
+    assert_same(train_lm("sqrt", hooked=True), plain)
+
+
+def test_tied_encoder_decoder_like_plain():
+    assert_same(train_lm("none", tied=True), train_lm(tied=True))
+
+
+def test_lm_plan_that_does_not_pay_is_said(caplog):
+    show_log()
+    log = logging.getLogger("mxmirror")
+    log.addHandler(caplog.handler)
+    try:
+        train_lm("sqrt", hooked=True, steps=1)
+    finally:
+        log.removeHandler(caplog.handler)
+    lines = [r.getMessage() for r in caplog.records if "gluon" in r.getMessage()]
+    assert len(lines) == 1 and "trained unplanned, the plan saves" in lines[0], lines
+    assert "data0=12x4 data1=2x4x24 data2=2x4x24" in lines[0]
+
+
+def lstm_layer(policy=None, keyword=True, steps=2) -> dict:
+    """An rnn.LSTM layer itself, its states given by keyword (its own __call__ takes
+    them) or left out (it makes zeros itself and returns no states)."""
+    mx.random.seed(0)
+    layer = rnn.LSTM(8, 1, input_size=5)
+    layer.initialize(mx.init.Xavier())
+    layer.hybridize()
+    model = layer if policy is None else PlannedBlock(layer, policy)
+    rs = np.random.RandomState(0)
+    seen = {}
+    for step in range(steps):
+        x = mx.nd.array(rs.rand(6, 3, 5))
+        with autograd.record():
+            if keyword:
+                out, states = model(x, states=layer.begin_state(batch_size=3))
+                loss = out.sum() + (states[1] ** 2).sum()
+            else:
+                loss = model(x).sum()
+        loss.backward()
+        seen[f"loss{step}"] = loss.asnumpy()
+        for k, p in enumerate(layer.collect_params().values()):
+            seen[f"grad{step}.{k}"] = p.grad().asnumpy()
+    return seen
+
+
+def test_rnn_layer_with_keyword_states_like_plain():
+    for keyword in (True, False):
+        assert_same(lstm_layer("none", keyword), lstm_layer(None, keyword))
+
+
+class DecoderStep(gluon.HybridBlock):
+    """One step of a decoder: an LSTM cell and a few Dense layers, called once per step."""
+
+    def __init__(self, hidden: int = 16, depth: int = 2, **kw):
+        super().__init__(**kw)
+        with self.name_scope():
+            self.cell = rnn.LSTMCell(hidden, input_size=6)
+            self.body = nn.HybridSequential()
+            for _ in range(depth):
+                self.body.add(nn.Dense(hidden, activation="tanh", in_units=hidden))
+            self.out = nn.Dense(7, in_units=hidden)
+
+    def hybrid_forward(self, F, x, state):
+        out, state = self.cell(x, state)
+        return self.out(self.body(out)), state
+
+
+def decoder_loop(policy=None, hooked=False, steps=2, T=10, B=3) -> dict:
+    """The seq2seq decoder's pattern: the hybridized step block called T times in one
+    record(), its state fed from call to call; each step's input a slice of an encoder
+    block's output (its gradient summed over the slices) and each step's output in the
+    loss; the encoder's input needs its gradient too."""
+    mx.random.seed(0)
+    step_block, encoder = DecoderStep(), nn.Dense(6, in_units=4, flatten=False)
+    params = gluon.ParameterDict()
+    for net in (step_block, encoder):
+        net.initialize(mx.init.Xavier())
+        net.hybridize()
+        params.update(net.collect_params())
+    model, encode = step_block, encoder
+    if policy is not None and not hooked:
+        model, encode = PlannedBlock(step_block, policy), PlannedBlock(encoder, policy)
+    trainer = gluon.Trainer(params, "sgd", {"learning_rate": 0.1})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    rs = np.random.RandomState(0)
+    seen = {}
+    with mxmirror.enabled(policy) if hooked else contextlib.nullcontext():
+        for step in range(steps):
+            x, y = mx.nd.array(rs.rand(T, B, 4)), mx.nd.array(rs.randint(0, 7, (T, B)))
+            x.attach_grad()
+            with autograd.record():
+                seq = encode(x)
+                state = step_block.cell.begin_state(batch_size=B)
+                loss = 0
+                for t in range(T):
+                    out, state = model(seq[t], state)
+                    loss = loss + loss_fn(out, y[t])
+            loss.backward()
+            seen[f"loss{step}"], seen[f"dx{step}"] = loss.asnumpy(), x.grad.asnumpy()
+            for k, p in enumerate(params.values()):
+                seen[f"grad{step}.{k}"] = p.grad().asnumpy()
+            trainer.step(B)
+    for k, p in enumerate(params.values()):
+        seen[f"value{k}"] = p.data().asnumpy()
+    if policy == "none" and not hooked:  # one executor per step, reused every batch
+        assert len(model.executors) == T and len(encode.executors) == 1
+    return seen
+
+
+def test_decoder_step_loop_like_plain():
+    """T calls of one block in one record(), chained by their states, each reading a
+    slice of a planned call's output: MXNet's executors (one per step, policy none) and
+    the hook (whose plans do not pay here: trained unplanned) equal plain Gluon."""
+    plain = decoder_loop()
+    assert_same(decoder_loop("none"), plain)
+    assert_same(decoder_loop("sqrt", hooked=True), plain)
+
+
+def test_mkldnn_off_bit_identical():
+    """With MKL-DNN off, MXNet 1.9.1's fused RNN op fails in plain hybridized Gluon itself
+    (`Check failed: in_data.size() == num_inputs (4 vs. 3)`, and `out_data.size() ==
+    num_outputs (3 vs. 1)` with dropout: measured), so only the decoder loop (an LSTM
+    cell: no RNN op) has a reference there."""
+    mkldnn_off.run_pytest(__file__, "decoder_step", passed=1)
