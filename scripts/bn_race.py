@@ -19,6 +19,7 @@ with MXNet's default bulking the window is narrower, but the race is the same.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -81,11 +82,8 @@ def fit(a, policy: str | None, wait: bool) -> tuple[dict, dict]:
               optimizer_params={"learning_rate": 0.1},
               batch_end_callback=(lambda _: mx.nd.waitall()) if wait else None)
     mx.random.seed(1)
-    if policy is None:
+    with mxmirror.enabled(policy) if policy is not None else contextlib.nullcontext():
         mod.fit(train, **kw)
-    else:
-        with mxmirror.enabled(policy):
-            mod.fit(train, **kw)
     mx.nd.waitall()
     args, aux = mod.get_params()
     return ({k: v.asnumpy() for k, v in args.items()}, {k: v.asnumpy() for k, v in aux.items()})

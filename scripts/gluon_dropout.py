@@ -90,10 +90,7 @@ def main() -> None:
               f"planned: mean {statistics.mean(planned):.4f}, spread "
               f"{max(planned) - min(planned):.4f}; difference of the means {gap:.4f} "
               f"({'within' if gap <= spread else 'OUTSIDE'} the plain spread)."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        write_section(args.out, "gluon_dropout", text)
+    write_section(args.out, "gluon_dropout", lines)
 
 
 if __name__ == "__main__":

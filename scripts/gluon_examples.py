@@ -151,11 +151,7 @@ def main(argv: list[str] | None = None) -> None:
         log = "<br>".join(sorted(set(said))) or "(none)"
         lines.append(f"| {label} | {shown} | {same} | {plain_s:.0f} / {planned_s:.0f} | {log} |")
         print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        write_section(args.out, "gluon_examples", text)
-    else:
-        print(text)
+    write_section(args.out, "gluon_examples", lines)
 
 
 if __name__ == "__main__":

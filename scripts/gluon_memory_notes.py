@@ -190,11 +190,7 @@ def main(argv: list[str] | None = None) -> None:
         ex, cached = (child(["executor", name, how]) for how in ("executor", "cachedop"))
         lines.append(f"| {name} | {ex['growth_mb']:.0f} ({ex['figure_mb']}) | "
                      f"{cached['growth_mb']:.0f} |")
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        write_section(args.out, "gluon_memory_notes", text)
-    else:
-        print(text)
+    write_section(args.out, "gluon_memory_notes", lines)
 
 
 if __name__ == "__main__":

@@ -128,10 +128,7 @@ def main(argv: list[str] | None = None) -> None:
              f"values at their measured peak). Peak RSS includes everything else in the "
              f"process (parameters, gradients, MXNet itself).", ""]
     lines += table(args.blocks, args.batch, args.steps, args.rounds)
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        write_section(args.out, "gluon_segmented", text)
+    write_section(args.out, "gluon_segmented", lines)
 
 
 if __name__ == "__main__":

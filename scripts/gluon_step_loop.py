@@ -131,11 +131,7 @@ def main(argv: list[str] | None = None) -> None:
             print(lines[-1], flush=True)
         said += [f"- {name}: `{line}`" for line in found[args.policy]["said"]]
     lines += ["", "mxmirror's lines:", "", *said]
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        write_section(args.out, "gluon_step_loop", text)
-    else:
-        print(text)
+    write_section(args.out, "gluon_step_loop", lines)
 
 
 if __name__ == "__main__":

@@ -219,9 +219,7 @@ def main(argv: list[str] | None = None) -> None:
                       f"{classes} classes:", ""]
             cases = [(n, f"image {n} {batch} {side} {classes}") for n in networks]
         lines += rows(cases, args.steps) + [""]
-    text = "\n".join(lines)
-    if args.out:
-        write_section(args.out, "gluon_table", text)
+    write_section(args.out, "gluon_table", lines)
 
 
 if __name__ == "__main__":

@@ -69,9 +69,13 @@ def write_results(title: str, script: str, argv: list[str], notes: list[str],
     return text
 
 
-def write_section(page: str, name: str, text: str) -> None:
-    """Replace what `page` holds between `<!-- NAME: start -->` and `<!-- NAME: end -->`
-    with `text` (a script's results, regenerated whole)."""
+def write_section(page: str | None, name: str, lines: list[str]) -> None:
+    """A script's results, `lines`, printed, and with `page` given, in place of what it
+    holds between `<!-- NAME: start -->` and `<!-- NAME: end -->` (regenerated whole)."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if not page:
+        return
     start, end = f"<!-- {name}: start -->", f"<!-- {name}: end -->"
     content = Path(page).read_text()
     if start not in content or end not in content:

@@ -7,6 +7,7 @@ it writes them; every executor mxmirror binds orders them. "True" values: a plai
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import mxnet as mx
@@ -53,11 +54,8 @@ def _fit(policy: str | None, contexts: int, batches: int, prefix: Path | None = 
               initializer=mx.init.Xavier(), optimizer_params={"learning_rate": 0.5},
               batch_end_callback=(lambda _: mx.nd.waitall()) if policy is None else None)
     mx.random.seed(1)
-    if policy is None:
+    with mxmirror.enabled(policy) if policy is not None else contextlib.nullcontext():
         mod.fit(train, **kw)
-    else:
-        with mxmirror.enabled(policy):
-            mod.fit(train, **kw)
     if prefix is None:
         mx.nd.waitall()
         args, aux = mod.get_params()
