@@ -575,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
             "(memonger's figure is the smallest such figure its search saw); for a plan "
             "only mxmirror's SegmentedExecutor runs (a row marked *segmented*), every array "
             "that executor holds, measured after binding it in a child "
-            "(`mxmirror.measure`). *mxmirror "
+            "(`mxmirror.runtime.segmented.measure`). *mxmirror "
             "predicted MB* is mxmirror's simulation of MXNet's planner for that row's "
             "mirror set (for the MXNet-mirror and memonger rows too: the symbol's "
             "`__force_mirroring__` attributes, plus what `MXNET_BACKWARD_DO_MIRROR=1` "

@@ -1,5 +1,5 @@
 """BatchNorm running statistics after Module.fit: plain MXNet vs mxmirror, without and with
-the engine ordering of mxmirror.aux_order (not CI; prints Markdown tables).
+the engine ordering of mxmirror.runtime.aux_order (not CI; prints Markdown tables).
 
 MXNet 1.9.1's BatchNorm backward updates moving_mean/moving_var without the engine
 knowing it writes them, so Module.fit's epoch-end get_params/set_params can read them

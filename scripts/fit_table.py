@@ -7,9 +7,9 @@ finds the largest batch per policy on the simulator. Then each plan is bound by 
 child process (not stepped) at that batch and the next. Mirror plans: measured total = MXNet's
 ``Total X MB allocated`` (whole MB, rounded down) + the arguments, argument gradients and aux
 states simple_bind allocates. Segmented plans (recursive, multilevel) run on several executors:
-their measured total is every array the bound SegmentedExecutor holds (mxmirror.measure:
-pool, statistics, slots, outputs, masks, kept states) plus the user's arguments, argument
-gradients and aux states it was bound with.
+their measured total is every array the bound SegmentedExecutor holds
+(mxmirror.runtime.segmented.measure: pool, statistics, slots, outputs, masks, kept states)
+plus the user's arguments, argument gradients and aux states it was bound with.
 
     python scripts/fit_table.py [--memory 4GB 8GB 12GB] [--networks resnet50 ...]
         [--policies none cheap ...] [--jobs N] [--out docs/fit_table.md]
@@ -177,7 +177,8 @@ def main() -> int:
         "stepped); data and labels get no gradient, as Module binds them. Mirror plans: "
         "MXNet's own `Total X MB allocated` (whole MB, rounded down) + the argument, gradient "
         "and aux arrays `simple_bind` allocates. Segmented plans (recursive, multilevel): "
-        "every array the bound SegmentedExecutor holds (`Plan.mxnet_mb()`, mxmirror.measure: "
+        "every array the bound SegmentedExecutor holds (`Plan.mxnet_mb()`, "
+        "mxmirror.runtime.segmented.measure: "
         "its pool, the BatchNorm statistics its pool's owner holds, slot arrays incl. "
         "arguments, gradients and aux states, output copies, masks and the kept boundary "
         "values at their dry-run peak), which the prediction counts to the byte. "

@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> None:
              f"rounds; times are the median of the steps after the first. Measured MB: "
              f"MXNet's `Total X MB allocated` for MXNet's executor (mirror plans); for the "
              f"segmented executor, whose template executors share one pool, every array it "
-             f"holds (`mxmirror.measure.allocated_bytes`: pool, slots, outputs, masks, kept "
+             f"holds (`mxmirror.runtime.segmented.measure.allocated_bytes`: pool, slots, "
+             f"outputs, masks, kept "
              f"values at their measured peak). Peak RSS includes everything else in the "
              f"process (parameters, gradients, MXNet itself).", ""]
     lines += table(args.blocks, args.batch, args.steps, args.rounds)

@@ -194,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
 
 {generated_by("scripts/memory_table.py", given)} {total:.0f} s on this machine.
 
-Bind only: nothing runs forward.  *sim* is `mxmirror.memory.simulate` on the
-training graph `mxmirror.training_graph.build` makes; *MXNet* is the
+Bind only: nothing runs forward.  *sim* is `mxmirror.sim.memory_plan.simulate` on the
+training graph `mxmirror.sim.training_graph.build` makes; *MXNet* is the
 `Total X MB allocated` of `Executor.debug_str()` after `simple_bind` on CPU
 (`NNVM_EXEC_MATCH_RANGE=0` for the in-place-only column), every bind in its
 own child process.  MXNet floors to whole MB, so an exact simulator is

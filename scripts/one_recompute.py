@@ -13,7 +13,7 @@ gradient (mxmirror's default), each figure MXNet's own, bound in a child:
   segment's forward twice) over each chain the multi-level DP runs on
   (``planners.dp.chains``: the finest chain and Algorithm 3's grid) and over
   the cut sets of the search policy's front (the mirror plans' own cuts); the
-  smallest predicted is bound whole in a child (``mxmirror/measure.py``) and its
+  smallest predicted is bound whole in a child (``mxmirror/runtime/segmented/measure.py``) and its
   peak broken down (pool, slots, outputs, masks, kept).
 
 --quick runs small stand-ins (a CIFAR ResNet-56 and a 2 x 256 LSTM).

@@ -1,4 +1,4 @@
-"""BatchNorm running statistics a user reads are the true ones (mxmirror.aux_order).
+"""BatchNorm running statistics a user reads are the true ones (mxmirror.runtime.aux_order).
 
 MXNet 1.9.1's BatchNorm backward updates moving_mean/moving_var without the engine knowing
 it writes them; every executor mxmirror binds orders them. "True" values: a plain run

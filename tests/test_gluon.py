@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ import pytest
 from mxnet import autograd, gluon
 
 import mxmirror
+from mxmirror.adapter.children import allocated_mb
 from mxmirror.errors import PlanError
 from mxmirror.gluon import PlannedBlock
 from tests.mkldnn_off import run_code
@@ -178,7 +178,7 @@ def test_plans_recompute_and_save_memory():
         with autograd.record():
             planned(mx.nd.ones((32, 3, 32, 32)))
         (executor,) = planned.executors
-        figures[policy] = mxnet_adapter_mb(executor.exec.debug_str())
+        (figures[policy],) = allocated_mb(executor.exec)
         if policy == "sqrt":
             assert executor.plan.mirrored
     assert figures["sqrt"] < figures["none"]
@@ -205,10 +205,6 @@ def test_binds_the_parameters_own_arrays():
     assert not any(two.exec.grad_dict[p.name] is p.grad() for p in trained)
     aux = [p for p in params.values() if "running" in p.name]
     assert aux and all(one.exec.aux_dict[p.name] is p.data() for p in aux)
-
-
-def mxnet_adapter_mb(text: str) -> int:
-    return int(re.search(r"Total (\d+) MB allocated", text).group(1))
 
 
 def test_tight_loop_like_plain_hybridized():

@@ -2,7 +2,8 @@
 
 `mxmirror fit` picks the largest batch whose predicted total (the plan's planned bytes
 + the user's arguments, gradients and aux states) fits; scripts/fit_table.py then
-measures the bound SegmentedExecutor (mxmirror.measure, in a child). The two must be
+measures the bound SegmentedExecutor (mxmirror.runtime.segmented.measure, in a child). The
+two must be
 the same figure, part by part: any byte left out of the prediction is a batch that is
 promised to fit and does not (ResNet-1001 recursive at 8 GB was 0.2 MB over: the
 BatchNorm ops on the pool's owner that hold the statistics were not counted).

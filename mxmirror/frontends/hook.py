@@ -208,8 +208,8 @@ def _bind_or_fall_back(p: Plan | None, original, symbol, ctx, **kwargs):
 
 def enable_from_env() -> None:
     """MXMIRROR_POLICY / MXMIRROR_BUDGET switch the hook on for any process, once it imports
-    mxnet (mxmirror.startup). A bad value ends the process there, as the command line does:
-    one ``mxmirror: error:`` line, exit code 2; never a silent unplanned run."""
+    mxnet (mxmirror.frontends.startup). A bad value ends the process there, as the command
+    line does: one ``mxmirror: error:`` line, exit code 2; never a silent unplanned run."""
     from mxmirror.frontends.startup import when_imported
 
     if os.environ.get("MXMIRROR_POLICY"):
