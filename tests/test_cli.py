@@ -349,10 +349,13 @@ def test_ctrl_c_says_interrupted(tmp_path) -> None:
     `mxmirror: interrupted`, exit code 130, no traceback."""
     code = ("import sys; from mxmirror import progress; progress.INTERVAL = 0.2; "
             "from mxmirror.frontends.cli import main; sys.exit(main(sys.argv[1:]))")
+    # SIGINT as a terminal gives it: a suite started in the background (nohup, `&`) ignores
+    # SIGINT, and its children inherit that (Python then installs no KeyboardInterrupt)
     proc = subprocess.Popen([sys.executable, "-c", code, "fit", "--depth", "lstm", "--batch",
                              "64", "--memory", "1TB", "--policy", "search"],
                             stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env=child_env(MXMIRROR_CACHE=str(tmp_path)))
+                            env=child_env(MXMIRROR_CACHE=str(tmp_path)),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         first = proc.stderr.readline()  # a progress line: planning has begun
         proc.send_signal(signal.SIGINT)
