@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""The whole `mxmirror plan` command as a new user runs it, this checkout against an older one.
+"""The whole `mxmirror plan` and `mxmirror fit` commands as a new user runs them, this checkout
+against an older one.
 
 Each command runs in its own child process with a fresh cache folder (``MXMIRROR_CACHE``: no
 template, no plan), as a new user's first run: ``import mxnet``, template learning and
@@ -41,6 +42,10 @@ ROWS = {
     "ResNet-1001 budget 3GB": ("ResNet-1001", "budget", "3GB", 15, 2),
     "ResNet-1001 auto 3GB": ("ResNet-1001", "auto", "3GB", 15, 2),
     "LSTM 4x1024x200 budget 1GB": ("LSTM 4x1024x200", "budget", "1GB", 15, 2),
+    # `mxmirror fit` (its batch search): the largest batch that fits 8 GB
+    "ResNet-1001 fit sqrt 8GB": ("ResNet-1001", "fit sqrt", "8GB", 30, 30),
+    "ResNet-1001 fit search 8GB": ("ResNet-1001", "fit search", "8GB", 30, 30),
+    "ResNet-1001 fit recursive 8GB": ("ResNet-1001", "fit recursive", "8GB", 30, 30),
 }
 
 # runs the command line of the checkout at argv[1] (its own mxmirror first on the path)
@@ -59,11 +64,15 @@ def networks() -> dict:
 
 
 def command(root: Path, symbol_file: Path, shapes: dict, policy: str, budget) -> list[str]:
-    args = [sys.executable, "-c", CHILD, str(root), "plan", str(symbol_file), "--json",
-            "--policy", policy]
+    """`plan` with the policy and budget; for a policy "fit P", `fit` of the batch (N) with
+    the budget as the memory."""
+    fit = policy.startswith("fit ")
+    args = [sys.executable, "-c", CHILD, str(root), "fit" if fit else "plan", str(symbol_file),
+            "--json", "--policy", policy.removeprefix("fit ")]
     for name, shape in shapes.items():
+        shape = ("N", *shape[1:]) if fit else shape
         args += ["--shape", f"{name}={','.join(map(str, shape))}"]
-    return args + (["--budget", budget] if budget else [])
+    return args + ([("--memory" if fit else "--budget"), budget] if budget else [])
 
 
 def timed(args: list[str], cache: Path) -> dict:
@@ -74,7 +83,9 @@ def timed(args: list[str], cache: Path) -> dict:
     if out.returncode:
         raise SystemExit(f"{' '.join(args[:6])} ... failed:\n{out.stderr[-2000:]}")
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    what = json.dumps([got["mirrored"], got["checkpoints"], got.get("segmented")])
+    if isinstance(got, list):  # fit: one policy's answer (its batch and plan figures)
+        (got,) = got
+    what = json.dumps([got.get(k) for k in ("mirrored", "checkpoints", "segmented", "batch")])
     return {"wall": wall, "cpu": cpu, "mb": got["planned_mb"], "ratio": got["recompute_ratio"],
             "digest": hashlib.sha1(what.encode()).hexdigest()[:8]}
 
