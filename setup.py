@@ -1,10 +1,12 @@
-"""Metadata lives in setup.cfg; this file only installs mxmirror-startup.pth next to the
-package in site-packages (see mxmirror/startup.py), for normal and editable installs."""
+"""Metadata lives in setup.cfg; this file installs mxmirror-startup.pth next to the package
+in site-packages (see mxmirror/startup.py), for normal and editable installs, and builds the
+compiled memory planner and multi-level DP table (mxmirror/sim/_planner.c,
+mxmirror/planning/_dp.c: C with Python's own headers, no other library)."""
 
 import shutil
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 from setuptools.command.editable_wheel import editable_wheel  # 64+, as pyproject.toml asks
 
@@ -29,4 +31,7 @@ class EditableWheelWithPth(editable_wheel):
         shutil.copy(PTH, Path(installation_dir) / PTH.name)
 
 
-setup(cmdclass={"build_py": BuildPyWithPth, "editable_wheel": EditableWheelWithPth})
+setup(cmdclass={"build_py": BuildPyWithPth, "editable_wheel": EditableWheelWithPth},
+      ext_modules=[Extension(name, [path], extra_compile_args=["-O3"]) for name, path in (
+          ("mxmirror.sim._planner", "mxmirror/sim/_planner.c"),
+          ("mxmirror.planning._dp", "mxmirror/planning/_dp.c"))])

@@ -1,4 +1,5 @@
-"""The "mxmirror" logger: one line per planned bind or planned Gluon shape."""
+"""The "mxmirror" logger: one line per planned bind or planned Gluon shape, and how its
+lines write a size."""
 
 from __future__ import annotations
 
@@ -17,3 +18,10 @@ def show() -> None:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
+
+
+def size(nbytes: float, digits: int = 1) -> str:
+    """Bytes as a log line writes them: MB, or KB below 0.1 MB (a tiny budget is not 0 MB)."""
+    if abs(nbytes) >= 0.1 * 2**20 or not nbytes:
+        return f"{nbytes / 2**20:.{digits}f} MB"
+    return f"{nbytes / 2**10:.{digits}f} KB"

@@ -295,12 +295,10 @@ def _child_rss(job: dict) -> dict:
 def predict(sym_json: str, shapes: dict, do_mirror: bool = False):
     """mxmirror's simulated MB and recompute ratio for a symbol's own mirror attributes."""
     from mxmirror.planning.analysis import Analysis
-    from mxmirror.sim import training_graph
+    from mxmirror.sim import gradient_pass
 
     graph = load_graph(sym_json, shapes, grad_req=GRAD_REQ)
-    mirror = training_graph.mirror_from_attrs(graph)
-    if do_mirror:
-        mirror |= training_graph.do_mirror_set(graph)
+    mirror = gradient_pass.mirrored_by_mxnet(graph, do_mirror)
     s = Analysis(graph).score(mirror)
     return s.planned_bytes / 2**20, s.recompute_ratio
 

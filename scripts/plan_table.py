@@ -8,7 +8,8 @@ learned templates still come from the user's cache), "warm" plans the same again
 ``prepare`` (the plan read from the cache); "total" adds reading the symbol and analysing
 its graph (``prepare``), which every bind pays; "CPU" is the process time of the cold
 planning (steadier than wall time when other jobs share the machine). ``--json FILE``
-keeps the rows so that two commits can be compared exactly (``--compare OLD.json``). The
+keeps the rows so that two commits can be compared exactly (``--compare OLD.json``: the same
+MB, recompute ratio, recomputed nodes and checkpoints). The
 machine's load average is printed: timings on a shared machine are noisy.
 
 Usage::
@@ -20,6 +21,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -75,6 +77,11 @@ def timed_plan(sym, policy: str, budget, shapes: dict):
     return p, time.perf_counter() - start, time.process_time() - cpu
 
 
+def plan_digest(p) -> str:
+    """What decides a plan besides its figures: the recomputed nodes and the checkpoints."""
+    return hashlib.sha1(repr((sorted(p.recomputed_ids), list(p.checkpoints))).encode()).hexdigest()
+
+
 def rows_for(name: str, factory, shapes: dict, policies) -> list[dict]:
     import mxmirror
 
@@ -102,7 +109,8 @@ def rows_for(name: str, factory, shapes: dict, policies) -> list[dict]:
                      "recompute_ratio": p.recompute_ratio, "seconds": round(seconds, 2),
                      "plan_seconds": round(p.plan_seconds, 2), "plan_cpu": round(cpu, 2),
                      "warm_seconds": round(warm_seconds, 2),
-                     "warm_plan_seconds": round(warm.plan_seconds, 3)})
+                     "warm_plan_seconds": round(warm.plan_seconds, 3),
+                     "digest": plan_digest(p)})
         print(f"  {name:<18} {policy:<10} {p.planned_bytes / 2**20:>9.1f} MB "
               f"{p.recompute_ratio:>6.3f} cold {p.plan_seconds:>6.1f} s (CPU {cpu:>5.1f} s) "
               f"(total {seconds:>6.1f} s) warm {warm.plan_seconds:>6.3f} s "
@@ -134,7 +142,8 @@ def table(rows: list[dict], old: dict | None) -> str:
                 line += " - | - | - | - |"
             else:
                 same = (o["planned_bytes"] == r["planned_bytes"]
-                        and abs(o["recompute_ratio"] - r["recompute_ratio"]) < 1e-12)
+                        and abs(o["recompute_ratio"] - r["recompute_ratio"]) < 1e-12
+                        and o.get("digest", r["digest"]) == r["digest"])
                 line += (f" {o['planned_bytes'] / 2**20:.1f} | {o['recompute_ratio']:.4f} | "
                          f"{o['seconds']:.1f} | {'yes' if same else '**no**'} |")
         lines.append(line)

@@ -1,10 +1,12 @@
 """What several test files need: a child process's environment, MXNet's own figure of a bind
-in this process, and dicts of arrays compared name by name."""
+in this process, dicts of arrays compared name by name, and mxmirror's log lines."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -40,3 +42,21 @@ def assert_same(a: dict, b: dict, what: str,
     bad = [k for k in a if (a[k] is None) != (b[k] is None)
            or (a[k] is not None and not equal(a[k].asnumpy(), b[k].asnumpy()))]
     assert not bad, f"{what} differ: {bad[:5]}"
+
+
+@contextlib.contextmanager
+def log_lines() -> Iterator[list[str]]:
+    """The lines the ``mxmirror`` logger writes meanwhile (it stops propagating to the root
+    logger, and so to caplog, once the hook shows its lines)."""
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = logging.getLogger("mxmirror")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -45,7 +47,7 @@ def make_files(folder: Path) -> dict[str, Path]:
     files = {"resnet": folder / "resnet8-symbol.json", "fc": folder / "fc-symbol.json",
              "truncated": folder / "truncated.json", "notsym": folder / "notsym.json",
              "binary": folder / "binary.json", "dir": folder / "adir.json",
-             "missing": folder / "missing.json"}
+             "missing": folder / "missing.json", "params": folder / "resnet8-0000.params"}
     resnet_by_depth(8, bottleneck=False, num_classes=10, image_shape=(3, 32, 32)).save(
         str(files["resnet"]))
     _fc_net().save(str(files["fc"]))
@@ -54,6 +56,7 @@ def make_files(folder: Path) -> dict[str, Path]:
     files["notsym"].write_text(json.dumps({"name": "model", "layers": [1, 2, 3]}))
     files["binary"].write_bytes(b"\xff\xfe\x00\x01garbage\x80\x81")
     files["dir"].mkdir(exist_ok=True)
+    mx.nd.save(str(files["params"]), {"arg:fc1_weight": mx.nd.zeros((10, 64))})
     return files
 
 
@@ -69,6 +72,8 @@ BAD_INPUTS = [
      "plan {dir} --shape data=4,3,32,32"),
     ("not_a_symbol", "valid JSON that is not a symbol",
      "plan {notsym} --shape data=4,3,32,32"),
+    ("params_file", "a .params file (saved weights) given as the symbol",
+     "plan {params} --shape data=4,3,32,32"),
     ("no_shape", "no --shape", "plan {resnet}"),
     ("malformed_shape", "malformed --shape", "plan {resnet} --shape data=3,x"),
     ("non_integer_shape", "non-integer dimension", "plan {resnet} --shape data=3,abc"),
@@ -207,6 +212,31 @@ def test_plan_text_output(files, capfd) -> None:
     assert "checkpoints" in out
 
 
+@pytest.mark.parametrize(("command", "batch", "small"), [
+    ("plan", 4, False), ("memory", 64, False), ("plan", 1, True)])
+def test_plan_and_memory_say_when_a_plan_pays(files, capfd, command, batch, small) -> None:
+    """The intermediates' share of training memory (arguments, gradients and aux states
+    are the rest: resident_bytes) and what the plan saves of it; under 10% says so (the FC
+    net at batch 1: its weights outweigh its activations)."""
+    from mxmirror.api import plan
+    from mxmirror.ir.graph import resident_bytes
+
+    sym = files["fc" if small else "resnet"]
+    shape = f"data={batch},32" if small else f"data={batch},3,32,32"
+    extra = ["--no-bind"] if command == "memory" else []
+    assert cli.main([command, str(sym), "--shape", shape, *extra]) == 0
+    out = capfd.readouterr().out
+    p = plan(str(sym), data=tuple(int(d) for d in shape[5:].split(",")))
+    total = p.baseline_bytes + sum(resident_bytes(p.graph))
+    share = re.search(r"of which intermediates \(activations and their gradients, what a plan "
+                      r"can shrink\) .* = (\d+)%; arguments ", out)
+    assert share and int(share.group(1)) == round(100 * p.baseline_bytes / total), out
+    saves = re.search(r"this plan saves .* = (\d+)% of it(: under 10%)?", out)
+    assert saves and int(saves.group(1)) == round(
+        100 * (p.baseline_bytes - p.planned_bytes) / total), out
+    assert bool(saves.group(2)) == small, out
+
+
 def test_plan_float16(files, tmp_path, capfd) -> None:
     """The float16 plan is a real plan whose planned symbol binds with float16 data and whose
     simulated figure is MXNet's for that bind."""
@@ -275,6 +305,14 @@ def test_bad_input_real_process(case, files) -> None:
     ("plan {resnet} --shape data=4,3,32,32 --policy multilevel", "needs a budget"),
     ("run --policy budget {resnet}", "needs a budget"),
     ("demo --quick --out {resnet}", "is a file; demo writes several drawings into a folder"),
+    ("plan {resnet} --shape image=4,3,32,32",
+     "no input 'image'; its inputs without a gradient (data, labels, states) are data, "
+     "softmax_label; besides them it has 29 parameters and 18 auxiliary states"),
+    ("plan {resnet} --shape data=4,3,32,32 --dtype image=float16",
+     "its inputs without a gradient (data, labels, states) are data, softmax_label;"),
+    ("plan {params} --shape data=4,3,32,32",
+     "resnet8-0000.params is an MXNet parameter file (arrays saved by save_checkpoint, "
+     "save_parameters or nd.save), not a symbol: give the symbol JSON saved beside it"),
 ])
 def test_bad_input_message(argv, message, files, capfd) -> None:
     assert cli.main(_argv(argv, files)) == cli.EXIT_BAD_INPUT
@@ -304,6 +342,27 @@ def test_plan_into_a_closed_pipe(files) -> None:
         os.close(write_end)
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
     assert proc.returncode == cli.EXIT_BROKEN_PIPE
+
+
+def test_ctrl_c_says_interrupted(tmp_path) -> None:
+    """SIGINT once the work is under way (its first progress line): one line
+    `mxmirror: interrupted`, exit code 130, no traceback."""
+    code = ("import sys; from mxmirror import progress; progress.INTERVAL = 0.2; "
+            "from mxmirror.frontends.cli import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.Popen([sys.executable, "-c", code, "fit", "--depth", "lstm", "--batch",
+                             "64", "--memory", "1TB", "--policy", "search"],
+                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=child_env(MXMIRROR_CACHE=str(tmp_path)))
+    try:
+        first = proc.stderr.readline()  # a progress line: planning has begun
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert first.startswith("mxmirror: "), first + err
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "mxmirror: interrupted", err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
 
 
 def _help(command: str, capsys) -> str:

@@ -4,6 +4,7 @@ argument gradients + aux states fit a memory size, found on the simulator."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,39 @@ def test_cli_text_says_what_is_counted(symbol_file, capsys) -> None:
     assert fitting.COUNTED in out and "sqrt" in out
 
 
+def test_printed_figures_agree_with_the_verdict(search, symbol_file, capsys) -> None:
+    """A memory one byte below the first total that does not fit: at the whole MB printed,
+    that total reads above the memory, and the one that fits at most the memory."""
+    _, bad = search.largest("none", MEMORY)
+    memory = bad.total_bytes - 1
+    assert main(["fit", str(symbol_file), "--shape", "data=N,3,32,32", "--memory",
+                 str(memory), "--policy", "none"]) == 0
+    head, _, row = capsys.readouterr().out.strip().splitlines()
+    shown = int(re.search(r"fits (\d+) MB", head).group(1))
+    cells = row.split()
+    assert cells[0] == "none" and int(cells[1]) == bad.value - 1
+    assert int(cells[3]) <= shown < int(re.search(r"\((\d+) MB\)", row).group(1)), row
+
+
+def test_help_texts_have_choices_and_one_default() -> None:
+    """Every option of every command has a help text, says its default once at most, and
+    every --policy lists its choices."""
+    from mxmirror.frontends import cli
+
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if a.choices and "fit" in a.choices).choices
+    for name, sub in commands.items():
+        formatter = sub._get_formatter()
+        for action in sub._actions:
+            if action.dest == "help":
+                continue
+            text = formatter._get_help_string(action) % {**vars(action), "default":
+                                                          action.default}
+            assert action.help and text.count("default") <= 1, (name, action.dest, text)
+            if action.dest == "policy":
+                assert action.choices, name
+
+
 def test_depth_search_finds_the_deepest_cifar_resnet(capsys) -> None:
     assert main(["fit", "--depth", "resnet", "--image", "32", "--batch", "4", "--memory",
                  "40MB", "--policy", "sqrt", "--json"]) == 0
@@ -129,7 +163,8 @@ def test_depth_search_finds_the_deepest_cifar_resnet(capsys) -> None:
     (["--shape", "data=32,3,32,32", "--memory", "1GB"], "write the batch dimension as N"),
     (["--shape", "data=N,x,32", "--memory", "1GB"], "positive integers or N"),
     (["--shape", "data=N,3,32,32", "--memory", "lots"], "--memory must be a size"),
-    (["--shape", "data=N,3,32,32", "--memory", "1GB", "--policy", "bogus"], "unknown policy"),
+    (["--shape", "data=N,3,32,32", "--memory", "1GB", "--policy", "bogus"],
+     "invalid choice: 'bogus'"),
 ])
 def test_bad_input_exits_2(symbol_file, capsys, argv, message) -> None:
     assert main(["fit", str(symbol_file), *argv]) == 2

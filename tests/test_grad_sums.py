@@ -17,7 +17,6 @@ import ctypes
 
 import mxnet as mx
 import numpy as np
-import pytest
 from test_onelevel import _fill, _nets
 
 from mxmirror.api import prepare
@@ -42,11 +41,10 @@ def _uses(k: int, shared: bool):
     return out
 
 
-def test_model_is_mxnets_sum() -> None:
+def check_model_is_mxnets_sum() -> None:
     """MXNet's gradient of a weight used k = 1..9 times equals the modelled expression over
-    the k contributions (each bound on its own variable), evaluated in float32."""
-    if MKLDNN:
-        pytest.skip("MKL-DNN sums with its own kernel: run in the child")
+    the k contributions (each bound on its own variable), evaluated in float32. With MKL-DNN
+    off only (MKL-DNN sums with its own kernel): test_without_mkldnn runs it in a child."""
     for k in range(1, 10):
         _check_sum(k)
 
@@ -210,11 +208,13 @@ def test_resnet_weights_in_place() -> None:
 
 
 def test_without_mkldnn() -> None:
-    """The model and the LSTM's sums with MKL-DNN off (child)."""
-    if not MKLDNN:
-        pytest.skip("already the child")
-    mkldnn_off.run_pytest(__file__, "model_is_mxnets_sum or lstm_weights or uses_added",
-                          passed=3)
+    """The model, and the LSTM's and shared uses' sums, with MKL-DNN off (a child)."""
+    mkldnn_off.run_code("import sys; sys.path[:0] = [sys.argv[1], sys.argv[1] + '/tests']\n"
+                        "from tests import test_grad_sums as t\n"
+                        "t.check_model_is_mxnets_sum()\n"
+                        "t.test_uses_added_in_place()\n"
+                        "t.test_lstm_weights_sum_like_mxnet()\n"
+                        "print('ok')")
 
 
 def test_in_place_gradients_have_no_slot() -> None:

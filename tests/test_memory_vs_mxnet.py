@@ -10,7 +10,7 @@ whole MB (``total_bytes >> 20``, floored), so the simulator is exact when
 Mirror variants per graph: ``none``; ``every_other`` (every other residual
 unit / time step / layer, or every other eighth of the op nodes for graphs
 without such blocks); ``do_mirror`` (MXNet bound with
-``MXNET_BACKWARD_DO_MIRROR=1`` against ``training_graph.do_mirror_set``); ``all_ops``
+``MXNET_BACKWARD_DO_MIRROR=1`` against ``gradient_pass.mirrored_by_mxnet``); ``all_ops``
 (``__force_mirroring__`` on every op node).  Strategy ``sharing`` is MXNet's
 default; ``inplace`` is compared with ``NNVM_EXEC_MATCH_RANGE=0``.
 
@@ -41,7 +41,7 @@ from mxmirror.adapter.figure import mxnet_mb, mxnet_mb_many
 from mxmirror.adapter.reader import load_graph
 from mxmirror.ir.graph import module_default, normalize_grad_req
 from mxmirror.ir.symbol_json import annotate_json
-from mxmirror.sim import memory_plan, training_graph
+from mxmirror.sim import gradient_pass, memory_plan, training_graph
 from symbols.lstm import input_shapes, paper_lstm
 from symbols.resnet import resnet
 
@@ -403,8 +403,8 @@ class Figures:
                 g = load_graph(sym, shapes)
                 for key in mine:
                     variant, strategy = key[1], key[2]
-                    ids = (training_graph.do_mirror_set(g) if variant == "do_mirror"
-                           else mirror_ids(js, CASES[name], variant))
+                    ids = (gradient_pass.mirrored_by_mxnet(g, do_mirror=True)
+                           if variant == "do_mirror" else mirror_ids(js, CASES[name], variant))
                     sims[key] = memory_plan.simulate(training_graph.build(g, ids), strategy).mb
             except Exception as exc:
                 sims.update({k: f"simulating: {exc!r}" for k in mine if k not in sims})

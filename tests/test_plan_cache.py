@@ -10,10 +10,12 @@ import warnings
 import pytest
 
 from mxmirror.adapter.learn import TemplateStore, learned_by
+from mxmirror.adapter.reader import load_graph as load
 from mxmirror.api import prepare
 from mxmirror.planning import cache
 from mxmirror.planning.cache import cache_path
 from mxmirror.planning.registry import STRATEGIES
+from symbols.chain import conv_chain
 from symbols.resnet import resnet
 
 SHAPES = {"data": (4, 3, 32, 32), "softmax_label": (4,)}
@@ -65,6 +67,32 @@ def test_cached_plan_equals_fresh_plan(policy, budget, monkeypatch) -> None:
     monkeypatch.setattr(cache, "plans_dir", lambda: None)
     scratch = prepare(sym, **SHAPES).plan(policy, budget)
     assert _fields(scratch) == _fields(fresh)
+
+
+@pytest.mark.parametrize("policy,kind", [("search", "mirror"), ("recursive", "segmented")])
+def test_a_kept_plan_is_read_without_reading_the_graph(policy, kind, monkeypatch) -> None:
+    """mxmirror.plan of a kept plan reads the symbol and the file only (a restarted job, a
+    bucket seen before); its Plan says the same, and binds (a segmented one rebuilds its
+    segments from the graph then)."""
+    import mxnet as mx
+
+    import mxmirror
+    from mxmirror import api
+
+    sym, shapes = conv_chain(48), {"data": (8, 3, 16, 16), "softmax_label": (8,)}
+    fresh = mxmirror.plan(sym, policy=policy, **shapes)
+    assert fresh.execution.kind == kind
+    reads = []
+    monkeypatch.setattr(api, "load_graph", lambda *a, **k: reads.append(1) or load(*a, **k))
+    again = mxmirror.plan(sym, policy=policy, **shapes)
+    assert (again.to_dict() | {"plan_seconds": 0}) == (fresh.to_dict() | {"plan_seconds": 0})
+    assert (again.summary(), again.mirrored, again.notes) == (fresh.summary(), fresh.mirrored,
+                                                              fresh.notes)
+    assert reads == []
+    ex = again.bind(mx.cpu(), grad_req=again.inputs.grad_req, **shapes)
+    ex.forward(is_train=True)
+    ex.backward()
+    assert reads == ([1] if kind == "segmented" else [])
 
 
 def fresh_budget(budget):
@@ -198,3 +226,43 @@ def test_two_processes_pruning_at_once(tmp_path) -> None:
     assert 1 <= len(left) <= 21
     for f in left:
         json.loads(f.read_text())
+
+
+FIRST_RUN = """
+import os, sys
+from mxmirror.adapter import children, symbol
+symbol.load_mxnet()
+early = [proc for proc, _ in children._early.values()]
+print("started", len(early), flush=True)
+if sys.argv[1] == "use":
+    import mxmirror
+    from symbols.resnet import resnet
+    sym = resnet([1, 1, 1], bottleneck=False, num_classes=10, image_shape=(3, 32, 32))
+    mxmirror.plan(sym, data=(4, 3, 32, 32))
+    print("used", early[0].poll() is not None and not children._early, flush=True)
+print("pid", early[0].pid if early else -1, flush=True)
+"""
+
+
+@pytest.mark.parametrize("use", ["use", "exit"])
+def test_a_first_run_starts_the_learner_with_mxnet_and_stops_it(tmp_path, use) -> None:
+    """No template kept: the learner starts before MXNet is imported (its own import then
+    overlaps), is the child that learns, and one never asked is gone when the process is."""
+    import os
+    from pathlib import Path
+
+    env = dict(os.environ, MXMIRROR_CACHE=str(tmp_path),
+               PYTHONPATH=str(Path(__file__).parents[1]))
+    out = subprocess.run([sys.executable, "-c", FIRST_RUN, use], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "started 1" in out.stdout
+    if use == "use":
+        assert "used True" in out.stdout
+        assert list(tmp_path.glob("templates-mxnet-*.json"))
+    pid = int(out.stdout.split("pid ")[1].split()[0])
+    with pytest.raises(ProcessLookupError):  # stopped and reaped with its parent
+        os.kill(pid, 0)
+    again = subprocess.run([sys.executable, "-c", FIRST_RUN, "exit"], capture_output=True,
+                           text=True, env=env, timeout=300)
+    assert ("started 1" in again.stdout) == (use == "exit")  # templates kept: no early child

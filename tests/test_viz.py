@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import mxnet as mx
@@ -18,7 +21,8 @@ import pytest
 from mxmirror.api import prepare
 from mxmirror.errors import PlanError
 from mxmirror.frontends import cli
-from mxmirror.tools import viz
+from mxmirror.tools import timeline, viz
+from tests.helpers import child_env
 
 HAS_DOT = shutil.which("dot") is not None
 _NODE = re.compile(r'^\s*(g\d+) \[(.*)\];$')
@@ -179,7 +183,7 @@ def test_dot_file_written(sqrt_plan, tmp_path):
 def test_without_dot_writes_source(sqrt_plan, tmp_path, monkeypatch):
     monkeypatch.setattr(viz.shutil, "which", lambda name: None)
     path, note = viz.plot_plan(sqrt_plan, tmp_path / "plan.svg")
-    assert path == tmp_path / "plan.dot" and "not found" in note
+    assert path == tmp_path / "plan.dot" and "dot is not installed" in note
     assert path.read_text().startswith("digraph plan {")
 
 
@@ -197,7 +201,7 @@ def test_render_svg(sqrt_plan, tmp_path, collapse):
 
 
 def test_timeline_data(sqrt_plan):
-    data = viz.timeline_data(sqrt_plan)
+    data = timeline.timeline_data(sqrt_plan)
     base, planned = data["sharing"], data["plan"]
     assert planned.total_bytes == sqrt_plan.planned_bytes
     assert base.total_bytes == sqrt_plan.baseline_bytes
@@ -211,7 +215,7 @@ def test_timeline_data(sqrt_plan):
 
 
 def test_timeline_png(sqrt_plan, tmp_path):
-    path = viz.plot_timeline(sqrt_plan, tmp_path / "timeline.png")
+    path = timeline.plot_timeline(sqrt_plan, tmp_path / "timeline.png")
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
@@ -254,6 +258,66 @@ def test_segmented_plan_draws(graph_source, tmp_path):
     p = graph_source.own_plan("recursive")  # the segmented plan, even where it loses
     nodes, _ = parse_dot(viz.to_dot(p))
     assert any(a["class"] == "recomputed" for a in nodes.values())
-    data = viz.timeline_data(p)
+    data = timeline.timeline_data(p)
     assert data["plan"] is None and data["sharing"].total_bytes == p.baseline_bytes
-    assert viz.plot_timeline(p, tmp_path / "t.png").stat().st_size > 10_000
+    assert timeline.plot_timeline(p, tmp_path / "t.png").stat().st_size > 10_000
+
+
+# ------------------------------------------------------------------ pictures a person can read
+@pytest.fixture(scope="module")
+def densenet_file(tmp_path_factory) -> Path:
+    """DenseNet-121 of Gluon's model zoo (pretrained=False: nothing downloaded), 427 op
+    nodes. Its last pooling takes 7x7, so 224x224 is the smallest input; the drawing's
+    size does not depend on it."""
+    from mxnet.gluon.model_zoo import vision
+
+    path = tmp_path_factory.mktemp("densenet") / "densenet121-symbol.json"
+    vision.densenet121(pretrained=False)(mx.sym.var("data")).save(str(path))
+    return path
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_a_large_graph_is_drawn_collapsed_and_readable(densenet_file, tmp_path, capsys):
+    """By default: one box per segment (blocks would be too many), at most ~10k px on its
+    long side, and one line saying how to get every node."""
+    out = tmp_path / "plan.png"
+    assert cli.main(["viz", str(densenet_file), "--shape", "data=1,3,224,224", "-o",
+                     str(out)]) == 0
+    printed = capsys.readouterr().out
+    m = re.search(r"wrote \S+plan\.png \((\d+) op nodes drawn as (\d+) boxes, one per "
+                  r"segment; --collapse none draws every node\)", printed)
+    assert m and int(m.group(1)) == 427 and int(m.group(2)) <= viz.MAX_BOXES, printed
+    width, height = _png_size(out)
+    assert 1000 < max(width, height) <= 10_000, (width, height)
+
+
+def test_a_small_graph_is_drawn_whole(sqrt_plan):
+    assert len(sqrt_plan.graph.op_nodes) <= viz.FULL_NODES
+    nodes, _ = parse_dot(viz.to_dot(sqrt_plan, "auto"))
+    assert len(nodes) == len(sqrt_plan.graph.op_nodes)
+    assert 'size="104,104"' in viz.to_dot(sqrt_plan, "auto")
+    assert " size=" not in viz.to_dot(sqrt_plan, None)  # asked for every node: all of it
+
+
+def test_no_graphviz_is_an_error_saying_where_the_dot_file_is(tmp_path):
+    """`dot` hidden from PATH: exit code 2, the install hint and where the DOT source went."""
+    sym_file = tmp_path / "net.json"
+    _resnet_like(2).save(str(sym_file))
+    (tmp_path / "bin").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "mxmirror", "viz", str(sym_file), "--shape",
+                           "data=8,3,16,16", "-o", str(tmp_path / "plan.png")],
+                          capture_output=True, text=True, timeout=300,
+                          env=child_env(PATH=str(tmp_path / "bin")))
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"mxmirror: error: cannot draw {tmp_path / 'plan.png'}: "
+                           f"Graphviz's dot is not installed (install Graphviz: apt-get "
+                           f"install graphviz"), last
+    assert f"wrote the DOT source to {tmp_path / 'plan.dot'} instead" in last
+    assert (tmp_path / "plan.dot").read_text().startswith("digraph plan {")
+    assert not (tmp_path / "plan.png").exists() and "Traceback" not in proc.stderr

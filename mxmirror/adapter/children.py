@@ -3,17 +3,27 @@
 mxmirror binds in children whenever the parent must not pay for it: learning backward
 templates (MXNET_MEM_PLAN_VERBOSE_LOGGING is read once per process), MXNet's figure of a
 big graph (a bind leaves ~0.5 GB resident), a switch such as MXNET_BACKWARD_DO_MIRROR.
+A child can be started early (``start_early``), before it is asked anything: its own
+start-up (``import mxnet``, over a second) then overlaps the parent's.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
+import threading
 from pathlib import Path
 from typing import Any
+
+from mxmirror.progress import task
+
+# the template learner: its module and settings (adapter/learn.py)
+LEARNER = ("mxmirror.adapter.learn", {"MXNET_MEM_PLAN_VERBOSE_LOGGING": "1"})
 
 _TOTAL_RE = re.compile(r"Total (\d+) MB allocated")
 _PKG_PARENT = str(Path(__file__).resolve().parents[2])
@@ -27,14 +37,90 @@ class ChildFailed(Exception):
         self.returncode, self.tail = returncode, tail
 
 
-def run_child(module: str, *args: str, stdin: str = "", **settings: str) -> str:
+PROGRESS_LINE = "mxmirror: one more done"  # a child's line on stdout: a unit of its work done
+
+
+def run_child(module: str, *args: str, stdin: str = "", what: str | None = None,
+              total: int | None = None, unit: str = "", **settings: str) -> str:
     """Run ``python -m module args`` with `stdin` in child_env(**settings) and return its
-    stdout; ChildFailed (with its last stderr line) if it fails."""
-    proc = subprocess.run([sys.executable, "-m", module, *args], input=stdin,
-                          capture_output=True, text=True, env=child_env(**settings))
-    if proc.returncode != 0:
-        raise ChildFailed(proc.returncode, _tail(proc.stderr))
-    return proc.stdout
+    stdout; ChildFailed (with its last stderr line) if it fails. While it runs, progress
+    reports `what` it does, counting the PROGRESS_LINE lines it prints of `total` `unit`s
+    (a child that prints none shows the time it has taken). A child of the same module and
+    settings started early (no arguments) is used, once."""
+    what = what or f"running {module} in a child process"
+    early = None if args else _early.pop(_key(module, settings), None)
+    if early is not None and early[0].poll() is not None:  # it died: start another
+        early[1].close()
+        early = None
+    proc, err = early or _start(module, args, settings)
+    with task(what, total, unit) as done, err:
+        try:
+            feed = threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True)
+            feed.start()
+            out = []
+            for line in proc.stdout:
+                if line.rstrip("\n") == PROGRESS_LINE:
+                    done.advance()
+                else:
+                    out.append(line)
+            proc.wait()
+            feed.join()
+        except BaseException:  # Ctrl-C: the child goes too
+            proc.kill()
+            proc.wait()
+            raise
+        if proc.returncode != 0:
+            err.seek(0)
+            raise ChildFailed(proc.returncode, _tail(err.read()))
+    return "".join(out)
+
+
+def _start(module: str, args: tuple, settings: dict[str, str]) -> tuple:
+    """``python -m module args`` started, its stderr to a file of its own."""
+    err = tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=err, text=True,
+                            env=child_env(**settings))
+    return proc, err
+
+
+_early: dict[tuple, tuple] = {}
+
+
+def _key(module: str, settings: dict[str, str]) -> tuple:
+    return (module, tuple(sorted(settings.items())))
+
+
+def start_early(module: str, **settings: str) -> None:
+    """Start ``python -m module`` now, reading its input only when run_child asks with the
+    same module and settings; one never asked is stopped when this process exits."""
+    key = _key(module, settings)
+    if key in _early:
+        return
+    if not _early:
+        atexit.register(_stop_early)
+    _early[key] = _start(module, (), settings)
+
+
+def _stop_early() -> None:
+    while _early:
+        proc, err = _early.popitem()[1]
+        proc.kill()
+        proc.communicate()
+        err.close()
+
+
+def one_more_done() -> None:
+    """In a child: tell the parent's progress that one more unit of work is done."""
+    print(PROGRESS_LINE, flush=True)
+
+
+def _feed(pipe: Any, text: str) -> None:
+    try:
+        pipe.write(text)
+        pipe.close()
+    except (BrokenPipeError, OSError):  # the child ended early: its exit code says why
+        pass
 
 
 def last_json(stdout: str) -> Any:
@@ -51,9 +137,12 @@ def _tail(stderr: str) -> str:
 
 def child_env(**settings: str) -> dict[str, str]:
     """The environment of a child running mxmirror: this package importable, MXNet's
-    subgraph chatter off, the mirror switch off unless given, plus `settings`."""
+    subgraph chatter off, the mirror switch off unless given, the bind hook off (a child's
+    own binds, a learner's one-op graphs, are never planned: planning them would learn in a
+    child again), plus `settings`."""
     env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE="0")
-    for key in ("MXNET_BACKWARD_DO_MIRROR", "MXNET_MEM_PLAN_VERBOSE_LOGGING"):
+    for key in ("MXNET_BACKWARD_DO_MIRROR", "MXNET_MEM_PLAN_VERBOSE_LOGGING",
+                "MXMIRROR_POLICY", "MXMIRROR_BUDGET"):
         env.pop(key, None)
     env.update(settings)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_PARENT, env.get("PYTHONPATH")) if p)

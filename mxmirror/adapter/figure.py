@@ -14,6 +14,7 @@ from mxmirror.adapter.children import ChildFailed, allocated_mb, run_child
 from mxmirror.adapter.symbol import load_symbol
 from mxmirror.errors import PlanError
 from mxmirror.ir.graph import module_default, normalize_grad_req
+from mxmirror.progress import task
 
 
 def mxnet_mb_many(jobs: list[dict]) -> list[int]:
@@ -25,15 +26,18 @@ def mxnet_mb_many(jobs: list[dict]) -> list[int]:
     as MXNET_BACKWARD_DO_MIRROR never reach the caller's process.
     """
     out = []
-    for job in jobs:
-        try:
-            mb = allocated_mb(run_child("mxmirror.adapter.figure", stdin=json.dumps(job),
-                                        **job.get("env", {})))
-        except ChildFailed as exc:
-            raise PlanError(f"MXNet could not bind the symbol: {exc.tail}") from None
-        if not mb:
-            raise PlanError("MXNet could not bind the symbol: no figure in its output")
-        out.append(mb[0])
+    with task("MXNet's own figures", len(jobs), "binds") as done:
+        for job in jobs:
+            try:
+                mb = allocated_mb(run_child("mxmirror.adapter.figure", stdin=json.dumps(job),
+                                            what="binding in MXNet (a child process)",
+                                            **job.get("env", {})))
+            except ChildFailed as exc:
+                raise PlanError(f"MXNet could not bind the symbol: {exc.tail}") from None
+            if not mb:
+                raise PlanError("MXNet could not bind the symbol: no figure in its output")
+            out.append(mb[0])
+            done.advance()
     return out
 
 

@@ -20,13 +20,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mxmirror.adapter.children import ChildFailed, error_line, last_json, run_child
+from mxmirror.adapter.children import (
+    LEARNER,
+    ChildFailed,
+    error_line,
+    last_json,
+    one_more_done,
+    run_child,
+)
 from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
 from mxmirror.ir.graph import INPUT, Graph, Node
 from mxmirror.ir.symbol_json import to_json
-from mxmirror.ir.templates import Template, TemplateNode
-from mxmirror.planning.cache import cache_path, write_atomic
+from mxmirror.ir.templates import Template, TemplateNode, hidden_ref, shape_ref
+from mxmirror.planning.cache import TEMPLATES, templates_file, write_atomic
 
 
 def learned_by() -> dict[str, str]:
@@ -40,8 +47,8 @@ class TemplateStore:
     """In-memory + on-disk cache of learned templates, keyed by signature."""
 
     def __init__(self, mxnet_version: str, path: Path | None = None) -> None:
-        root = path or cache_path()
-        self.file = None if root is None else root / f"templates-mxnet-{mxnet_version}.json"
+        self.file = (path / TEMPLATES.format(mxnet_version) if path is not None
+                     else templates_file(mxnet_version))
         self.data: dict[str, Template] = self._read()
 
     def _read(self) -> dict[str, Template]:
@@ -83,8 +90,9 @@ def learn(specs: list[dict]) -> list[Template]:
         return [sources[i] if i in sources else next(it) for i in range(len(specs))]
     what = ", ".join(sorted({s["op"] for s in specs}))
     try:
-        out = last_json(run_child("mxmirror.adapter.learn", stdin=json.dumps(specs),
-                                  MXNET_MEM_PLAN_VERBOSE_LOGGING="1"))
+        out = last_json(run_child(LEARNER[0], stdin=json.dumps(specs),
+                                  what="learning backward templates from MXNet",
+                                  total=len(specs), unit="ops", **LEARNER[1]))
     except ChildFailed as exc:
         raise PlanError(f"could not learn the backward structure of {what} from MXNet (child "
                         f"process exit code {exc.returncode}): {exc.tail}") from None
@@ -163,28 +171,6 @@ def _parse_debug_str(text: str) -> tuple[list[dict], list[tuple[str, int]]]:
     return nodes, outputs
 
 
-def _shape_ref(shape: tuple, in_shapes: list[tuple], out_shapes: list[tuple],
-               prefer_in: int | None = None) -> tuple:
-    if prefer_in is not None and prefer_in < len(in_shapes) and in_shapes[prefer_in] == shape:
-        return ("in", prefer_in)
-    for j, s in enumerate(in_shapes):
-        if s == shape:
-            return ("in", j)
-    for k, s in enumerate(out_shapes):
-        if s == shape:
-            return ("out", k)
-    return ("lit", shape)
-
-
-def _hidden_ref(shape: tuple, k: int, in_shapes: list[tuple], out_shapes: list[tuple]) -> tuple:
-    """A forward output's shape: like an earlier output first (a workspace, a mask), then
-    like an input (BatchNorm's mean and variance are like gamma), else literal."""
-    for j, s in enumerate(out_shapes[:k]):
-        if s == shape:
-            return ("out", j)
-    return _shape_ref(shape, in_shapes, [])
-
-
 def _template_from_bind(spec: dict, memlog: list[dict], dbg_nodes: list[dict],
                         dbg_outputs: list[tuple[str, int]], num_heads: int,
                         grad_inputs: list[int]) -> Template:
@@ -226,7 +212,7 @@ def _template_from_bind(spec: dict, memlog: list[dict], dbg_nodes: list[dict],
         outs = []
         for k, (e, shape) in enumerate(m["outputs"]):
             ref_of[e] = ("node", t, k)
-            outs.append(_shape_ref(shape, in_shapes, out_shapes, prefer_in=k))
+            outs.append(shape_ref(shape, in_shapes, out_shapes, prefer_in=k))
         cdeps = [names.index(c) if c in names else -1 for c in d["cdeps"]]
         tnodes.append(TemplateNode(
             op=d["op"], inputs=[ref_of[e] for e in m["inputs"]], out_shapes=outs,
@@ -239,7 +225,7 @@ def _template_from_bind(spec: dict, memlog: list[dict], dbg_nodes: list[dict],
         e = entry_of[(last_of[name], idx)]
         input_grads[j] = skipped_copy.get(e, ref_of.get(e))
     literal = any(s[0] == "lit" for n in tnodes for s in n.out_shapes)
-    hidden = [_hidden_ref(s, k, in_shapes, out_shapes) for k, s in enumerate(out_shapes)]
+    hidden = [hidden_ref(s, k, in_shapes, out_shapes) for k, s in enumerate(out_shapes)]
     literal = literal or any(s[0] == "lit" for s in hidden[spec["num_visible"]:])
     return Template(op=spec["op"], num_outputs=len(out_shapes),
                     num_visible=spec["num_visible"], nodes=tnodes, input_grads=input_grads,
@@ -249,7 +235,10 @@ def _template_from_bind(spec: dict, memlog: list[dict], dbg_nodes: list[dict],
 def _child_main() -> None:
     import mxnet as mx
 
-    specs = json.loads(sys.stdin.read())
+    text = sys.stdin.read()
+    if not text.strip():  # started early and never asked
+        return
+    specs = json.loads(text)
     log = tempfile.NamedTemporaryFile(mode="w+", suffix=".log", delete=False)
     saved = os.dup(2)
     os.dup2(log.fileno(), 2)
@@ -260,6 +249,7 @@ def _child_main() -> None:
                 results.append(_learn_one(mx, spec, log.name))
             except Exception as exc:  # report, the parent turns it into a PlanError
                 results.append({"error": error_line(exc) or type(exc).__name__})
+            one_more_done()
     finally:
         os.dup2(saved, 2)
         os.unlink(log.name)

@@ -16,7 +16,7 @@ from mxmirror.adapter.children import error_line
 from mxmirror.adapter.learn import TemplateStore, learn
 from mxmirror.adapter.symbol import check_supported, load_mxnet, load_symbol
 from mxmirror.errors import PlanError
-from mxmirror.ir import backward, ops
+from mxmirror.ir import arity, backward, ops
 from mxmirror.ir.graph import (
     AUX,
     DTYPE_BYTES,
@@ -43,13 +43,16 @@ def store() -> TemplateStore:
     return _store
 
 
-def _parse_shapes(sym, shapes: dict[str, Any]) -> dict[str, tuple]:
-    inputs = set(sym.list_arguments()) | set(sym.list_auxiliary_states())
+def parse_shapes(sym, shapes: dict[str, Any], arguments: list[str] | None = None
+                 ) -> dict[str, tuple]:
+    """The given input shapes as tuples of ints; PlanError for an unknown input or a bad
+    shape. `arguments`: sym.list_arguments(), where the caller has it."""
+    inputs = set(arguments or sym.list_arguments()) | set(sym.list_auxiliary_states())
     out = {}
     for name, shape in shapes.items():
         if name not in inputs:
-            raise PlanError(f"--shape {name}: the symbol has no input {name!r}; its inputs "
-                            f"are {', '.join(sorted(inputs)[:12])}")
+            raise PlanError(f"--shape {name}: the symbol has no input {name!r}; "
+                            f"{inputs_text(sym)}")
         try:
             if isinstance(shape, (str, bytes)) or any(
                     isinstance(d, bool) or int(d) != d for d in shape):
@@ -64,24 +67,57 @@ def _parse_shapes(sym, shapes: dict[str, Any]) -> dict[str, tuple]:
     return out
 
 
+def inputs_text(sym) -> str:
+    """The symbol's inputs as an error names them: those a user gives shapes to (data,
+    labels, states: variables outside every parameter slot of the ops reading them) by
+    name, then how many parameters and auxiliary states there are."""
+    mx = load_mxnet()
+    nodes = json.loads(sym.tojson())["nodes"]
+    slots: dict[str, str] = {}  # op and attributes -> its input slot names
+    params = set()
+    for node in nodes:
+        if node["op"] == "null":
+            continue
+        attrs = {k: v for k, v in (node.get("attrs") or {}).items() if not k.startswith("__")}
+        key = json.dumps([node["op"], attrs], sort_keys=True)
+        if key not in slots:
+            try:
+                creator = getattr(mx.sym, node["op"], None) or getattr(
+                    mx.sym._internal, node["op"])
+                slots[key] = [a[2:] for a in creator(name="n", **attrs).list_arguments()]
+            except Exception:  # an op MXNet cannot make alone (Custom): no slot names
+                slots[key] = []
+        for k, (src, _, *_) in enumerate(node["inputs"]):
+            if nodes[src]["op"] == "null" and k < len(slots[key]) \
+                    and slots[key][k] in ops.PARAMETER_SLOTS:
+                params.add(nodes[src]["name"])
+    given = [a for a in sym.list_arguments() if a not in params]
+    aux = sym.list_auxiliary_states()
+    return (f"its inputs without a gradient (data, labels, states) are "
+            f"{', '.join(given[:12]) or 'none'}{' ...' * (len(given) > 12)}; besides them it "
+            f"has {len(sym.list_arguments()) - len(given)} parameters and {len(aux)} "
+            f"auxiliary states")
+
+
 def load_graph(source: Any, shapes: dict[str, Any], type_dict: dict[str, str] | None = None,
-               grad_req: Any = None, strip: bool = False) -> Graph:
+               grad_req: Any = None, strip: bool = False, text: str | None = None) -> Graph:
     """Read a Symbol (object, JSON text or file) with input shapes into the Graph IR.
-    `strip`: leave out the mirror attributes a symbol may carry (the unplanned graph)."""
+    `strip`: leave out the mirror attributes a symbol may carry (the unplanned graph);
+    `text`: the symbol's own tojson(), where the caller has it."""
     load_mxnet()
     sym = load_symbol(source)
-    shapes = _parse_shapes(sym, shapes)
+    shapes = parse_shapes(sym, shapes)
     type_dict = {name: _dtype_name(dt) for name, dt in (type_dict or {}).items()}
     inputs = set(sym.list_arguments()) | set(sym.list_auxiliary_states())
     for name, dt in type_dict.items():
         if name not in inputs:
             raise PlanError(f"dtype given for {name!r}, but the symbol has no input "
-                            f"{name!r}; its inputs are {', '.join(sorted(inputs)[:12])}")
+                            f"{name!r}; {inputs_text(sym)}")
         if dt not in _DTYPES:
             raise PlanError(f"unknown dtype {dt!r} for {name!r}; use one of "
                             f"{', '.join(sorted(_DTYPES))}")
     req = normalize_grad_req(sym.list_arguments(), grad_req, module_default(shapes))
-    js = json.loads(sym.tojson())
+    js = json.loads(text or sym.tojson())
     check_supported(js)
     internals = sym.get_internals()
     ijs = json.loads(internals.tojson())
@@ -140,22 +176,40 @@ _DTYPES = set(DTYPE_BYTES) - {"int16", "uint16", "uint32", "uint64"}
 
 
 def _dtype_name(t: Any) -> str:
+    try:
+        return _DTYPE_NAMES[t]
+    except (KeyError, TypeError):  # not seen yet, or not hashable
+        pass
     import numpy as np
 
     try:
-        return np.dtype(t).name
+        name = np.dtype(t).name
     except TypeError:
-        return str(getattr(t, "__name__", t))
+        name = str(getattr(t, "__name__", t))
+    try:
+        _DTYPE_NAMES[t] = name
+    except TypeError:
+        pass
+    return name
+
+
+_DTYPE_NAMES: dict[Any, str] = {}  # what a dtype given as a type or name is called
 
 
 def learn_templates(graph: Graph) -> TemplateTable:
     """The templates of every op node of `graph` and of every node the segment model may
     add to its sub-graphs (``segments.subgraph.added_specs``), learned from MXNet where the
-    store lacks them (the second round learns literal templates at each node's shapes)."""
+    store lacks them (the second round learns literal templates at each node's shapes); a
+    variadic op at a new arity (a further bucket's Concat) is rewritten from the store's
+    (ir/arity.py), not learned."""
     st = store()
     specs = [backward.spec(graph, n) for n in graph.op_nodes] + added_specs(graph)
     for _ in range(2):
         pending = backward.missing(st.data, specs)
+        derived = arity.derive(st.data, pending)
+        if derived:
+            st.put_many(derived)
+            pending = {k: sp for k, sp in pending.items() if k not in derived}
         if not pending:
             break
         new = {}

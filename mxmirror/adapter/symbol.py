@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
-from mxmirror.adapter.children import error_line
+from mxmirror.adapter.children import LEARNER, error_line, start_early
 from mxmirror.errors import PlanError
+from mxmirror.planning.cache import templates_kept
+
+
+def learner_ahead() -> None:
+    """On a new user's first run (no template kept yet), before this process imports MXNet:
+    start the template learner now, so that its own import of MXNet overlaps this one."""
+    if "mxnet" not in sys.modules and not templates_kept():
+        start_early(LEARNER[0], **LEARNER[1])
 
 
 def load_mxnet():
+    """MXNet, imported (the learner started ahead of it on a first run)."""
+    learner_ahead()
     try:
         import mxnet as mx
     except ImportError as exc:  # pragma: no cover - install problem
@@ -18,12 +29,18 @@ def load_mxnet():
     return mx
 
 
+# the first 8 bytes of a file of NDArrays (mx.nd.save, and so every .params file):
+# kMXAPINDArrayListMagic, little-endian (src/c_api/c_api.cc)
+NDARRAY_FILE_MAGIC = (0x112).to_bytes(8, "little")
+
+
 def load_symbol(source: Any):
-    """An mx.sym.Symbol from a Symbol, a JSON string or a path to a JSON file."""
-    mx = load_mxnet()
-    if isinstance(source, mx.sym.Symbol):
-        return source
+    """An mx.sym.Symbol from a Symbol, a JSON string or a path to a JSON file (a file or
+    text that is no symbol is refused before MXNet is imported)."""
     if not isinstance(source, (str, bytes, Path)):
+        mx = load_mxnet()
+        if isinstance(source, mx.sym.Symbol):
+            return source
         raise PlanError(f"expected an mx.sym.Symbol, symbol JSON text or a path to a "
                         f"-symbol.json file, not {type(source).__name__}")
     if isinstance(source, bytes):
@@ -39,8 +56,16 @@ def load_symbol(source: Any):
         if not path.exists():
             raise PlanError(f"symbol file not found: {path}")
         try:
-            text = path.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise PlanError(f"cannot read symbol file {path}: {exc}") from None
+        if raw[:8] == NDARRAY_FILE_MAGIC or path.suffix == ".params":
+            raise PlanError(f"{path} is an MXNet parameter file (arrays saved by "
+                            f"save_checkpoint, save_parameters or nd.save), not a symbol: give "
+                            f"the symbol JSON saved beside it (PREFIX-symbol.json)")
+        try:
+            text = raw.decode()
+        except UnicodeDecodeError as exc:
             raise PlanError(f"cannot read symbol file {path}: {exc}") from None
     else:
         text = str(source)
@@ -54,6 +79,7 @@ def load_symbol(source: Any):
             raise ValueError("no heads: the symbol has no output")
     except ValueError as exc:
         raise PlanError(f"not an MXNet symbol JSON ({exc}); save one with sym.save()") from None
+    mx = load_mxnet()
     try:
         return mx.sym.load_json(text)
     except Exception as exc:  # MXNetError

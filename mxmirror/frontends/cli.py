@@ -15,9 +15,8 @@ from pathlib import Path
 
 from mxmirror.adapter.figure import mxnet_mb_many
 from mxmirror.adapter.symbol import load_symbol
-from mxmirror.errors import PlanError
+from mxmirror.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, PlanError
 
-EXIT_BAD_INPUT = 2
 EXIT_BROKEN_PIPE = 128 + 13  # as a process ended by SIGPIPE (13) reports itself to the shell
 
 
@@ -71,9 +70,9 @@ def _plan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="sqrt", choices=list(POLICIES),
                    help="what to recompute (default: %(default)s)")
     p.add_argument("--budget", default=None, metavar="SIZE",
-                   help=f"memory budget such as 800MB or 1.5GB; required by --policy "
-                        f"{' and '.join(NEEDS_BUDGET)}, optional for auto (default: the free "
-                        f"memory), taken by no other policy (no default)")
+                   help=f"memory budget such as 800MB or 1.5GB: required by --policy "
+                        f"{' and '.join(NEEDS_BUDGET)}; for auto, instead of the free memory "
+                        f"it measures; no other policy takes one")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -87,6 +86,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from mxmirror.planning.registry import POLICIES
+    from mxmirror.tools import fitting
+
     parser = _Parser(prog="mxmirror", description="Sublinear-memory plans for MXNet 1.9.1.")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     p = sub.add_parser("plan", help="plan a symbol and print or save the planned symbol")
@@ -98,10 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("viz", help="draw the plan (graphviz) and its memory timeline")
     _common(p)
     p.add_argument("-o", "--output", help="graph drawing: FILE.dot|.gv|.svg|.pdf|.png")
-    p.add_argument("--collapse", default="none", metavar="MODE",
-                   help="none (every op node), block (one box per residual unit / LSTM "
-                        "step), segment (one box per segment), prefix:N (one box per run "
-                        "of names sharing their first N '_' parts)")
+    p.add_argument("--collapse", default="auto", metavar="MODE",
+                   help="auto (every op node of a small graph, else one box per block, or "
+                        "per segment where blocks are still too many), none (every op "
+                        "node), block (one box per residual unit / LSTM step), segment (one "
+                        "box per segment), prefix:N (one box per run of names sharing "
+                        "their first N '_' parts)")
     p.add_argument("--timeline", metavar="FILE.png",
                    help="also plot live memory over the training step, no plan vs the plan")
     p = sub.add_parser("fit", help="the largest batch (or depth) that fits a memory size, "
@@ -109,14 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("symbol", nargs="?", help="symbol JSON file (sym.save()); or --depth")
     p.add_argument("--shape", action="append", default=[], metavar="NAME=N,D1,...",
                    help="input shape with the batch written as N; repeat for each input")
-    p.add_argument("--dtype", action="append", default=[], metavar="[NAME=]DTYPE")
-    p.add_argument("--memory", required=True, help="memory to fit in, e.g. 12GB")
-    p.add_argument("--policy", help="one policy (default: none, cheap, sqrt, search, "
-                                    "recursive, multilevel)")
+    p.add_argument("--dtype", action="append", default=[], metavar="[NAME=]DTYPE",
+                   help="input dtype (default float32); without NAME: every shaped input")
+    p.add_argument("--memory", required=True, metavar="SIZE", help="memory to fit in, e.g. 12GB")
+    p.add_argument("--policy", choices=list(POLICIES),
+                   help=f"one policy (default: each of {', '.join(fitting.POLICIES)})")
     p.add_argument("--depth", metavar="NETWORK", help="instead of a batch: the deepest "
                    "network of symbols/ that fits: resnet (bottleneck, depth 3k+2; CIFAR "
                    "layout for --image <= 32) or lstm (the paper's 4x1024, by unroll length)")
-    p.add_argument("--batch", type=int, default=32, help="batch for --depth (default 32)")
+    p.add_argument("--batch", type=int, default=32, help="batch for --depth")
     p.add_argument("--image", type=int, default=224, help="image side for --depth resnet")
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per "
                                                        "policy")
@@ -149,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mxmirror: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        return 130
+        print("mxmirror: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader left (`mxmirror plan ... | head -1`): stop quietly
         # Python would flush stdout again at exit and report the same error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -169,6 +175,7 @@ def _load(args):
 
 def cmd_plan(args) -> int:
     from mxmirror.api import plan
+    from mxmirror.tools.share import memory_share
 
     sym, shapes, dtypes, budget = _load(args)
     p = plan(sym, policy=args.policy, budget=budget, type_dict=dtypes, **shapes)
@@ -185,6 +192,7 @@ def cmd_plan(args) -> int:
               + (" ..." if len(p.checkpoints) > 20 else ""))
         for note in p.notes:
             print(f"note: {note}")
+        print("\n".join(memory_share(p)))
         if args.out:
             print(f"planned symbol written to {args.out}")
     return 0
@@ -193,6 +201,7 @@ def cmd_plan(args) -> int:
 def cmd_memory(args) -> int:
     from mxmirror.api import plan
     from mxmirror.sim import memory_plan, training_graph
+    from mxmirror.tools.share import memory_share
 
     sym, shapes, dtypes, budget = _load(args)
     p = plan(sym, policy=args.policy, budget=budget, type_dict=dtypes, **shapes)
@@ -200,6 +209,12 @@ def cmd_memory(args) -> int:
     sim = {s: memory_plan.simulate(base, s).mb for s in memory_plan.STRATEGIES}
     sim["planned"] = p.planned_mb
     out = {"policy": args.policy, "simulated_mb": {k: round(v, 3) for k, v in sim.items()}}
+    if p.execution.kind == "mirror":  # the distance to the limit (planning/reference.py)
+        from mxmirror.planning.reference import live_peak_bytes, reference
+
+        ref = reference(p.analysis)
+        out["live_peak_mb"] = round(live_peak_bytes(p.analysis, p.recomputed_ids) / 2**20, 3)
+        out["reference_mb"] = None if ref is None else round(ref.reference_bytes / 2**20, 3)
     if not args.no_bind:
         sharing = mxnet_mb_many([{
             "symbol": p.source_json, "shapes": shapes, "type_dict": dtypes,
@@ -218,12 +233,18 @@ def cmd_memory(args) -> int:
     for k in ("none", "inplace", "sharing", "planned"):
         mx_mb = out.get("mxnet_mb", {}).get(k, "")
         print(f"{k:<10} {sim[k]:>13.1f} {'-' if mx_mb is None else mx_mb!s:>9}")
+    if "live_peak_mb" in out:
+        print(f"live peak of the plan under ideal allocation: {out['live_peak_mb']:.1f} MB; "
+              f"the best one-recompute plan's: "
+              + ("-" if out["reference_mb"] is None else f"{out['reference_mb']:.1f} MB"))
+    print("\n".join(memory_share(p)))
     return 0
 
 
 def cmd_viz(args) -> int:
     from mxmirror.api import plan
-    from mxmirror.tools.viz import check_collapse, check_outputs, plot_plan, plot_timeline
+    from mxmirror.tools.timeline import plot_timeline
+    from mxmirror.tools.viz import check_collapse, check_outputs, plot_plan
 
     if not args.output and not args.timeline:
         raise PlanError("nothing to draw: give -o FILE.svg (the graph) and/or "
@@ -233,15 +254,20 @@ def cmd_viz(args) -> int:
     sym, shapes, dtypes, budget = _load(args)
     p = plan(sym, policy=args.policy, budget=budget, type_dict=dtypes, **shapes)
     lines, written = [p.summary()], {}
+    if args.timeline:
+        written["timeline"] = str(plot_timeline(p, args.timeline))
+        lines.append(f"wrote {written['timeline']}")
     if args.output:
         path, note = plot_plan(p, args.output, collapse=collapse)
+        if path.suffix != Path(args.output).suffix:  # no Graphviz: only the DOT source
+            print("\n".join(lines))
+            raise PlanError(f"cannot draw {args.output}: {note}; dot -T"
+                            f"{Path(args.output).suffix[1:]} {path} -o {args.output} draws it "
+                            f"once Graphviz is installed")
         written["graph"] = str(path)
         lines.append(f"wrote {path}" + (f" ({note})" if note else ""))
         if note:
             written["note"] = note
-    if args.timeline:
-        written["timeline"] = str(plot_timeline(p, args.timeline))
-        lines.append(f"wrote {written['timeline']}")
     print(json.dumps(dict(p.to_dict(), written=written)) if args.json else "\n".join(lines))
     return 0
 
@@ -298,20 +324,26 @@ def cmd_fit(args) -> int:
         print(json.dumps([good.to_dict(key) if good else dict(bad.to_dict(key), **{key: 0})
                           for _, good, bad in rows]))
         return 0
-    print(f"{what}: the largest {key} that fits {memory / 2**20:.0f} MB, counting "
+    # whole MB rounded towards the verdict: what fits down, what does not fit up
+    print(f"{what}: the largest {key} that fits {_mb(memory)} MB, counting "
           f"{fitting.COUNTED}")
     print(f"{'policy':<11} {key:>8} {'planned MB':>11} {'total MB':>9} {'recompute':>10}"
           f"  first {key} that does not fit")
     for policy, good, bad in rows:
         after = "-" if bad is None else (
-            f"{bad.value} ({bad.total_bytes / 2**20:.0f} MB)" if bad.planned_bytes
+            f"{bad.value} ({_mb(bad.total_bytes, up=True)} MB)" if bad.planned_bytes
             else f"{bad.value} (no plan within what the resident arrays leave)")
         if good is None:
             print(f"{policy:<11} {'none':>8} {'':>11} {'':>9} {'':>10}  {after}")
         else:
-            print(f"{policy:<11} {good.value:>8} {good.planned_bytes / 2**20:>11.0f} "
-                  f"{good.total_bytes / 2**20:>9.0f} {good.recompute_ratio:>9.2f}x  {after}")
+            print(f"{policy:<11} {good.value:>8} {_mb(good.planned_bytes):>11} "
+                  f"{_mb(good.total_bytes):>9} {good.recompute_ratio:>9.2f}x  {after}")
     return 0
+
+
+def _mb(nbytes: int, up: bool = False) -> int:
+    """Whole MB, rounded down (or up): a total that does not fit never reads as the memory."""
+    return -(-nbytes // 2**20) if up else nbytes // 2**20
 
 
 def cmd_run(args) -> int:

@@ -1,8 +1,9 @@
 """The bind-time flag: plan every Symbol.simple_bind / Symbol.bind, so unchanged
 training scripts (Module, BucketingModule, several contexts) train with the plan.
 
-Planning never breaks the user's run: if it fails, a warning says why and the
-unplanned bind goes ahead.
+Planning never breaks the user's run: if it fails, one log line says why and the
+unplanned bind goes ahead. A budget no plan reaches binds the smallest plan (as policy
+``auto`` does), said in the log line: a budget is never a reason to train unplanned.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ import contextlib
 import hashlib
 import json
 import os
-import warnings
+import sys
 from collections.abc import Iterator
 from typing import Any
 
-from mxmirror.adapter.symbol import load_mxnet
+from mxmirror.adapter.symbol import learner_ahead, load_mxnet
 from mxmirror.api import plan
-from mxmirror.errors import PlanError
+from mxmirror.errors import EXIT_BAD_INPUT, PlanError
 from mxmirror.ir.graph import normalize_grad_req
 from mxmirror.log import log
 from mxmirror.log import show as _show_log
@@ -37,6 +38,9 @@ def enable(policy: str = "sqrt", budget: Any = None) -> None:
     resolve(policy, budget)
     _install()
     _state.update(policy=policy, budget=budget)
+    if policy == "none":  # nothing is planned: still say the hook is on
+        log.info("mxmirror: policy=none: the bind hook is on and plans nothing (BatchNorm "
+                 "statistics are ordered after each backward)")
     from mxmirror.gluon import install
 
     install(lambda: (_state["policy"], _state["budget"]))
@@ -97,16 +101,20 @@ def _plan_for(symbol, policy, budget, grad_req, type_dict, shapes, ctx=None,
         if key in _failed:  # warned once already; do not plan (or learn) again
             return None
         p = plan(symbol, policy=policy, budget=budget, type_dict=type_dict, grad_req=grad_req,
-                 ctx=ctx, **shapes)
+                 ctx=ctx, or_smallest=not strict, **shapes)
     except Exception as exc:  # never break the user's script
         if strict:
             raise
         why = str(exc) if isinstance(exc, PlanError) else f"{type(exc).__name__}: {exc}"
         if key is not None:
             _failed[key] = why
-        warnings.warn(f"mxmirror: planning failed, binding unplanned: {why}", stacklevel=3)
+        log.warning(f"mxmirror: planning failed, binding unplanned: {why}")
         return None
-    log.info("; ".join([p.summary(), *(p.notes if p.recomputed_ids else [])]))  # else in it
+    line = "; ".join([p.summary(), *(p.notes if p.recomputed_ids else [])])  # else in it
+    if _state.get("bucket") is not None:  # which bucket of a BucketingModule binds
+        given = " ".join(f"{k}={'x'.join(map(str, v))}" for k, v in shapes.items())
+        line = line.replace("mxmirror: ", f"mxmirror: bucket {_state['bucket']} {given} ", 1)
+    log.info(line)
     _plans[key] = p if p.recomputed_ids else None
     return _plans[key]
 
@@ -137,8 +145,8 @@ def _install() -> None:
                 req, types, shapes = _bind_inputs(self, args, args_grad, grad_req)
                 p = _plan_for(self, _state["policy"], _state["budget"], req, types, shapes, ctx)
         except Exception as exc:  # never break the user's script
-            warnings.warn(f"mxmirror: cannot read the bind arguments ({type(exc).__name__}: "
-                          f"{exc}); binding unplanned", stacklevel=2)
+            log.warning(f"mxmirror: cannot read the bind arguments ({type(exc).__name__}: "
+                        f"{exc}); binding unplanned")
         return _ordered(_bind_or_fall_back(p, _originals["bind"], self, ctx, args=args,
                                            args_grad=args_grad, grad_req=grad_req,
                                            aux_states=aux_states, group2ctx=group2ctx,
@@ -146,6 +154,24 @@ def _install() -> None:
 
     Symbol.simple_bind = simple_bind_hook
     Symbol.bind = bind_hook
+    _watch_buckets(load_mxnet().mod.BucketingModule)
+
+
+def _watch_buckets(bucketing) -> None:
+    """While a BucketingModule binds a bucket, its key is known (for the log line)."""
+    def watching(method, key_of):
+        def call(self, *args, **kwargs):
+            saved = _state.get("bucket")
+            _state["bucket"] = key_of(self, *args, **kwargs)
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                _state["bucket"] = saved
+        return call
+
+    bucketing.bind = watching(bucketing.bind, lambda self, *a, **k: self._default_bucket_key)
+    bucketing.switch_bucket = watching(bucketing.switch_bucket,
+                                       lambda self, bucket_key, *a, **k: bucket_key)
 
 
 def _ordered(executor):
@@ -168,24 +194,26 @@ def _bind_inputs(self, args, args_grad, grad_req):
 
 
 def _bind_or_fall_back(p: Plan | None, original, symbol, ctx, **kwargs):
-    """Bind the plan; should that fail, bind the user's own symbol (with a warning)."""
+    """Bind the plan; should that fail, bind the user's own symbol (with a log line)."""
     if p is None:
         return mxnet_bind(original, symbol, ctx, **kwargs)
     try:
         return p.bind(ctx, symbol=symbol, **kwargs)
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
-        warnings.warn(f"mxmirror: could not bind the planned symbol "
-                      f"({type(exc).__name__}: {first}); binding unplanned", stacklevel=3)
+        log.warning(f"mxmirror: could not bind the planned symbol "
+                    f"({type(exc).__name__}: {first}); binding unplanned")
         return mxnet_bind(original, symbol, ctx, **kwargs)
 
 
 def enable_from_env() -> None:
     """MXMIRROR_POLICY / MXMIRROR_BUDGET switch the hook on for any process, once it imports
-    mxnet (mxmirror.startup). A bad value raises PlanError there: never a silent unplanned run."""
+    mxnet (mxmirror.startup). A bad value ends the process there, as the command line does:
+    one ``mxmirror: error:`` line, exit code 2; never a silent unplanned run."""
     from mxmirror.frontends.startup import when_imported
 
     if os.environ.get("MXMIRROR_POLICY"):
+        learner_ahead()  # the script imports MXNet itself: start the learner before it
         when_imported("mxnet", _enable_env)
 
 
@@ -194,6 +222,7 @@ def _enable_env() -> None:
     try:
         enable(policy, budget or None)
     except PlanError as exc:
-        raise PlanError(f"MXMIRROR_POLICY={policy}"
-                        + (f" MXMIRROR_BUDGET={budget}" if budget else "")
-                        + f": {exc} (or unset MXMIRROR_POLICY)") from None
+        print(f"mxmirror: error: MXMIRROR_POLICY={policy}"
+              + (f" MXMIRROR_BUDGET={budget}" if budget else "")
+              + f": {exc} (or unset MXMIRROR_POLICY)", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_BAD_INPUT) from None

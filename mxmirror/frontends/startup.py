@@ -4,8 +4,9 @@ The package installs ``mxmirror-startup.pth`` next to itself in site-packages; P
 one line at every start-up. That line reads one environment variable and, only when
 ``MXMIRROR_POLICY`` is set, imports mxmirror, whose ``enable_from_env`` waits for the script to
 import mxnet (``when_imported``) and then plans every bind. Unset, it costs one dictionary look-up.
-A bad policy or budget in the environment fails the script's ``import mxnet`` with the
-PlanError: a run that asked for a plan never trains unplanned without saying so.
+A bad policy or budget in the environment ends the script at its ``import mxnet`` with one
+``mxmirror: error:`` line and exit code 2: a run that asked for a plan never trains
+unplanned without saying so.
 """
 
 from __future__ import annotations

@@ -137,21 +137,21 @@ class Graph:
 
 
 def post_order(heads: Iterable, children: Callable) -> list:
-    """Iterative post-order DFS, visiting children in order (nnvm PostOrderDFSVisit)."""
+    """Iterative post-order DFS, visiting children in order (nnvm PostOrderDFSVisit): the
+    forward order, and the training graph's execution order (both builders). Nodes are
+    any hashable values (ids, or objects compared by identity)."""
     order = []
     visited = set()
     for head in heads:
-        key = id(head) if not isinstance(head, int) else head
-        if key in visited:
+        if head in visited:
             continue
-        visited.add(key)
+        visited.add(head)
         stack = [(head, iter(children(head)))]
         while stack:
             node, it = stack[-1]
             for child in it:
-                ckey = id(child) if not isinstance(child, int) else child
-                if ckey not in visited:
-                    visited.add(ckey)
+                if child not in visited:
+                    visited.add(child)
                     stack.append((child, iter(children(child))))
                     break
             else:

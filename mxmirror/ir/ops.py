@@ -28,9 +28,17 @@ CHEAP = {
     "stack", "UpSampling", "Crop", "Pad", "pad", "softmax", "log_softmax",
     "SoftmaxActivation", "mean", "sum", "max", "min", "tile", "repeat", "where",
 }
+# The input slots of MXNet's ops that take trained parameters (FullyConnected and
+# Convolution weight/bias, BatchNorm gamma/beta, RNN parameters): a variable in any other
+# slot (data, label, lhs, state, ...) is an input a user gives a shape to.
+PARAMETER_SLOTS = {"weight", "bias", "gamma", "beta", "parameters"}
+# Dropout, the one op with rules of its own: MXNet's gradient pass never mirrors it
+# (InitFullGraph's need_mirror, whatever its attributes), and the segmented executor replays
+# it as its input times a mask drawn once per step, the one random op it can replay.
+DROPOUT = "Dropout"
 # Never recomputed: fresh randomness would change what training computes.
 RANDOM_PREFIXES = ("_random_", "random_", "_sample_", "sample_", "_npi_random", "_contrib_rand")
-RANDOM = {"Dropout", "_shuffle", "shuffle", "RNN"}  # RNN: dropout inside the fused cell
+RANDOM = {DROPOUT, "_shuffle", "shuffle", "RNN"}  # RNN: dropout inside the fused cell
 # Ops with state or side effects whose recomputation MXNet cannot replay.
 STATEFUL = {"_foreach", "_while_loop", "_cond", "Custom", "_CachedOp", "_contrib_SyncBatchNorm"}
 # Ops whose forward checks req == kWriteTo on some device: an unread mirror copy (asked to
@@ -51,6 +59,16 @@ def is_random(op: str) -> bool:
 
 def is_cheap(op: str) -> bool:
     return op in CHEAP
+
+
+def never_mirrored(op: str) -> bool:
+    """MXNet makes no mirror copy of this op, whatever its attributes."""
+    return op == DROPOUT
+
+
+def replayed_with_mask(op: str) -> bool:
+    """The segmented executor replays this op as its input times a mask drawn once per step."""
+    return op == DROPOUT
 
 
 # ------------------------------------------------------------ memory planner facts

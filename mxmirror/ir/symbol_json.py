@@ -46,6 +46,13 @@ def annotate_json(symbol_json: str, mirrored: set[int] | frozenset[int]) -> str:
     return json.dumps(data)
 
 
+def node_table(symbol_json: str) -> list[tuple[str, str]]:
+    """(name, op) of every node, in the symbol's order: a Graph's nodes, by id, without
+    reading the graph (op "null": a variable)."""
+    return [(n["name"], n["op"]) for n in json.loads(symbol_json)["nodes"]]
+
+
 def strip_json(symbol_json: str) -> str:
-    """The symbol without any mirror attribute (the unplanned graph)."""
-    return annotate_json(symbol_json, set())
+    """The symbol without any mirror attribute (the unplanned graph); the text itself when
+    it has none."""
+    return annotate_json(symbol_json, set()) if MIRROR_KEY in symbol_json else symbol_json

@@ -87,6 +87,30 @@ def _shape_ref_from_json(s: list) -> Ref:
     return ("lit", tuple(s[1])) if s[0] == "lit" else tuple(s)
 
 
+def shape_ref(shape: tuple, in_shapes: list[tuple], out_shapes: list[tuple],
+               prefer_in: int | None = None) -> tuple:
+    """A backward node's output shape: like input `prefer_in`, else like the first equal
+    input, else like the first equal forward output, else literal."""
+    if prefer_in is not None and prefer_in < len(in_shapes) and in_shapes[prefer_in] == shape:
+        return ("in", prefer_in)
+    for j, s in enumerate(in_shapes):
+        if s == shape:
+            return ("in", j)
+    for k, s in enumerate(out_shapes):
+        if s == shape:
+            return ("out", k)
+    return ("lit", shape)
+
+
+def hidden_ref(shape: tuple, k: int, in_shapes: list[tuple], out_shapes: list[tuple]) -> tuple:
+    """A forward output's shape: like an earlier output first (a workspace, a mask), then
+    like an input (BatchNorm's mean and variance are like gamma), else literal."""
+    for j, s in enumerate(out_shapes[:k]):
+        if s == shape:
+            return ("out", j)
+    return shape_ref(shape, in_shapes, [])
+
+
 # Attributes that only size tensors: the backward structure does not depend on them.
 SIZE_ATTRS = {
     "num_filter", "num_hidden", "kernel", "stride", "pad", "dilate", "workspace",

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from mxmirror.ir import ops
-from mxmirror.ir.graph import Graph, Node
-from mxmirror.sim import memory_plan, training_graph
+from mxmirror.ir.graph import Entry, Graph, Node
+from mxmirror.sim import gradient_pass, memory_plan, training_graph
 from mxmirror.sim.compiled import CompiledTraining, Unsupported
+from mxmirror.sim.resolved import Resolved
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,14 @@ class Analysis:
         their backward reads. A kept node's backward runs on the original node, so it reads
         the original inputs, which then stay alive even where they are mirrored (an LSTM's
         kept h = o * tanh(c) pins o and tanh(c))."""
+        return sum(map(self.entry_bytes, self.held_entries(keep)))
+
+    def entry_bytes(self, entry: Entry) -> int:
+        """An entry's bytes as MXNet's planner counts them (4 per element)."""
+        return self.graph.nodes[entry[0]].element_counts[entry[1]] * memory_plan.ELEMENT_BYTES
+
+    def held_entries(self, keep: frozenset[int]) -> set[Entry]:
+        """The entries keeping `keep` holds until backward (see pinned_bytes)."""
         graph = self.graph
         held = {(k, i) for k in keep for i in range(len(graph.nodes[k].shapes))}
         for k in keep:
@@ -143,7 +152,7 @@ class Analysis:
             for j in backward_reads(n):
                 if j < len(n.inputs) and not graph.nodes[n.inputs[j][0]].is_variable:
                     held.add(n.inputs[j])
-        return sum(graph.nodes[k].element_counts[i] for k, i in held) * memory_plan.ELEMENT_BYTES
+        return held
 
     @cached_property
     def blockers(self) -> dict[int, str]:
@@ -188,6 +197,12 @@ class Analysis:
         except Unsupported:
             return None
 
+    @cached_property
+    def resolved(self) -> Resolved | None:
+        """The compiled training graph resolved per mirror set by the compiled planner (what
+        scores read; None where there is no compiled graph)."""
+        return None if self.compiled is None else Resolved(self.compiled)
+
     @property
     def baseline(self) -> Score:
         """No recomputation: MXNet's default in-place + sharing."""
@@ -214,8 +229,8 @@ class Analysis:
         if self.on_score is not None:
             self.on_score()
         kept = self.drop_unread(key)
-        if self.compiled is not None:
-            fg, copies = self.compiled.flat(kept)
+        if self.resolved is not None:
+            fg, copies = self.resolved.flat(kept)
             sim = memory_plan.simulate_flat(fg, stop_at=bound)
             if sim is None:
                 self._at_least[key] = bound
@@ -242,8 +257,8 @@ class Analysis:
         run time, so those are not mirrored unless their copy is read. One pass in reverse
         topological order: a copy is read when the node's own backward reads its outputs or
         a consumer's copy is in the graph (a copy reads all its inputs' copies); a copy is in
-        the graph when it is read or a backward node depends on it. MXNet never copies
-        Dropout.
+        the graph when it is read or a backward node depends on it. A node MXNet makes no
+        copy of (``gradient_pass.has_mirror_copy``: Dropout) is dropped.
         """
         kept = set(mirror)
         present: set[int] = set()
@@ -261,7 +276,7 @@ class Analysis:
     def _copy_facts(self) -> list[tuple[int, bool, bool, bool | None, tuple[int, ...]]]:
         """Per op node, in reverse order: its id, whether its backward reads its outputs,
         whether its backward has a control dependency on it, whether it must write (None:
-        Dropout, never copied), its consumers (drop_unread's static facts)."""
+        MXNet makes no copy of it), its consumers (drop_unread's static facts)."""
         out = []
         consumers = self.graph.consumers
         for v in reversed(self.order):
@@ -269,7 +284,7 @@ class Analysis:
             nodes = tpl.nodes if tpl is not None else []
             out.append((v.id, any(r[0] == "out" for tn in nodes for r in tn.inputs),
                         any(tn.control_fwd for tn in nodes),
-                        None if v.op == "Dropout" else v.op in ops.MUST_WRITE,
+                        v.op in ops.MUST_WRITE if gradient_pass.has_mirror_copy(v) else None,
                         tuple(consumers.get(v.id, ()))))
         return out
 

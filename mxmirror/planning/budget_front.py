@@ -24,7 +24,8 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass
 
-from mxmirror.errors import PlanError
+from mxmirror.errors import BudgetTooSmall
+from mxmirror.log import size
 from mxmirror.planning.algorithm3 import candidates, segment_mirror
 from mxmirror.planning.analysis import Analysis
 from mxmirror.planning.choice import Choice, mirror_choice, segmented_choice
@@ -167,20 +168,19 @@ def _mixed(a: Analysis, choice: Choice, cheap: set[int]) -> list[Point]:
 
 def choose_within(a: Analysis, budget_bytes: int, or_smallest: bool = False) -> Choice:
     """The least-recompute Choice that fits; where none does, the smallest plan
-    (``or_smallest``) or a PlanError naming the smallest figure and its policy."""
+    (``or_smallest``) or BudgetTooSmall naming the smallest figure and its policy."""
     if a.baseline.planned_bytes <= budget_bytes:
         return Choice(a.baseline)
     point = least_recompute(a, budget_bytes)
-    note = f"least recompute within {budget_bytes / 2**20:.0f} MB"
-    if point is None:
-        low = smallest_point(a)
+    if point is not None:
+        note = f"least recompute within {budget_bytes / 2**20:.0f} MB: a {point.policy} plan"
+    else:
+        point = smallest_point(a)
+        below = (f"budget {size(budget_bytes)} is below the smallest planned memory any "
+                 f"policy reaches: {size(point.planned_bytes)} (the {point.policy} plan, "
+                 f"{point.recompute_ratio:.2f}x recompute)")
         if not or_smallest:
-            raise PlanError(f"budget {budget_bytes / 2**20:.1f} MB is below the smallest "
-                            f"planned memory any policy reaches: "
-                            f"{low.planned_bytes / 2**20:.1f} MB (the {low.policy} plan, "
-                            f"{low.recompute_ratio:.2f}x recompute); raise the budget")
-        point = low
-        note = (f"no plan fits {budget_bytes / 2**20:.0f} MB; the smallest any policy "
-                f"reaches ({low.planned_bytes / 2**20:.0f} MB) is used")
+            raise BudgetTooSmall(f"{below}; raise the budget")
+        note = f"the smallest plan is used: {below}"
     c = point.choice
-    return Choice(c.score, c.checkpoints, c.segments, (f"{note}: a {point.policy} plan",))
+    return Choice(c.score, c.checkpoints, c.segments, (note,))

@@ -8,8 +8,9 @@ attributes, shapes, dtypes, grad_req, the strategy and budget, the MXNet version
 switch (they decide the learned templates), a schema number and the source of the whole
 package (any code change plans again). A file holds what the strategy chose, enough to
 rebuild the Plan without searching: the recomputed node ids, checkpoints and bytes, and
-for segmented plans the cuts, tree and each template's simulated memory
-(``segments.make_segment_plan`` rebuilds the rest).
+for segmented plans the cuts, tree, each template's simulated memory and the plan's
+description (``segments.make_segment_plan`` rebuilds the rest when the plan is bound: reading
+a plan needs no graph).
 Files are written atomically (a unique temporary name, then a rename); a file that cannot
 be read is reported once and planned again.
 The folder is bounded: after each write, the least recently used files (by modification
@@ -27,27 +28,30 @@ import json
 import os
 import tempfile
 import warnings
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from mxmirror.ir.graph import BindInputs
 from mxmirror.planning.analysis import Analysis, Score
 from mxmirror.planning.choice import Choice, Decision
-from mxmirror.segments.cost import make_segment_plan
+from mxmirror.segments.cost import SegmentPlan, make_segment_plan
 from mxmirror.segments.cuts import build_segments
 from mxmirror.segments.model import Segments
 
-SCHEMA = 2  # bump when what a file holds changes
+SCHEMA = 3  # bump when what a file holds changes
 MAX_FILES = 1000  # plans kept at most (least recently used ones go first)
 MAX_BYTES = 256 * 2**20  # bytes of plan files kept at most
 
 
 @lru_cache(maxsize=1)
 def source_digest() -> str:
-    """Digest of the package's source: a plan is only reused by the code that made it."""
+    """Digest of the package's source (Python and the compiled planner's C): a plan is only
+    reused by the code that made it."""
     h = hashlib.sha256()
     root = Path(__file__).resolve().parents[1]
-    for f in sorted(root.rglob("*.py")):
+    for f in sorted([*root.rglob("*.py"), *root.rglob("*.c")]):
         h.update(str(f.relative_to(root)).encode())
         h.update(f.read_bytes())
     return h.hexdigest()
@@ -92,15 +96,16 @@ def _file(key: str) -> Path | None:
     return None if folder is None else folder / f"{key}.json"
 
 
-def load(key: str | None, a: Analysis) -> Decision | None:
+def load(key: str | None, analysis: Callable[[], Analysis], nodes: int) -> Decision | None:
     """The decision kept for `key`, or None (not kept, or unreadable:
-    warned once, and the caller plans again and overwrites it)."""
+    warned once, and the caller plans again and overwrites it). `nodes`: the graph's node
+    count; `analysis` is asked for only when a segmented plan is rebuilt."""
     file = _file(key) if key else None
     if file is None or not file.exists():
         return None
     try:
         rec = json.loads(file.read_text())
-        found = _from_record(rec, a)
+        found = _from_record(rec, analysis, nodes)
     except FileNotFoundError:  # pruned by another process since exists()
         return None
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
@@ -155,7 +160,8 @@ def _to_record(decision: Decision) -> dict:
         rec["segments"] = {"cuts": list(sp.cuts),
                            "tree": [[s, e, mid] for (s, e), mid in sorted(sp.tree.items())],
                            "template_bytes": [sp.template_bytes[k] for k in keys],
-                           "template_blocks": [sp.template_blocks[k] for k in keys]}
+                           "template_blocks": [sp.template_blocks[k] for k in keys],
+                           "described": sp.describe()}
     return rec
 
 
@@ -165,29 +171,72 @@ def _template_keys(sg: Segments) -> list[str]:
     return list(dict.fromkeys(seg.key for seg in sg.segments))
 
 
-def _from_record(rec: dict, a: Analysis) -> Decision:
+def _from_record(rec: dict, analysis: Callable[[], Analysis], nodes: int) -> Decision:
     if rec["schema"] != SCHEMA:
         raise ValueError(f"schema {rec['schema']}, expected {SCHEMA}")
-    n = len(a.graph.nodes)
     mirror = frozenset(int(i) for i in rec["mirror"])
-    if any(not 0 <= i < n for i in mirror):
+    if any(not 0 <= i < nodes for i in mirror):
         raise ValueError("node ids outside the graph")
     score = Score(int(rec["planned_bytes"]), float(rec["recompute_ratio"]), mirror)
     segments = None
     if rec["segments"] is not None:
         seg = rec["segments"]
-        tree = {(int(s), int(e)): int(mid) for s, e, mid in seg["tree"]}
-        sg = build_segments(a.graph, [int(c) for c in seg["cuts"]])
-        keys = _template_keys(sg)
-        if len(keys) != len(seg["template_bytes"]):
-            raise ValueError("the segments rebuilt differ from the ones kept")
-        mem = (dict(zip(keys, map(int, seg["template_bytes"]))),
-               {k: [int(b) for b in bl] for k, bl in zip(keys, seg["template_blocks"])})
-        segments = make_segment_plan(a.graph, sg.cuts, tree, sg=sg, mem=mem)
-        if segments.planned_bytes != score.planned_bytes:
-            raise ValueError("the segment plan rebuilt differs from the one kept")
+        kept = ([int(c) for c in seg["cuts"]],
+                {(int(s), int(e)): int(mid) for s, e, mid in seg["tree"]},
+                [int(b) for b in seg["template_bytes"]],
+                [[int(b) for b in bl] for bl in seg["template_blocks"]])
+        if any(not 0 <= c < nodes for c in kept[0]) or len(kept[2]) != len(kept[3]):
+            raise ValueError("cuts outside the graph, or template figures that disagree")
+        segments = KeptSegments(lambda: _rebuilt(analysis().graph, *kept, score.planned_bytes),
+                                dict(seg["described"]))
     choice = Choice(score, tuple(rec["checkpoints"]), segments, tuple(rec["choice_notes"]))
     return Decision(choice, int(rec["baseline_bytes"]), tuple(str(x) for x in rec["notes"]))
+
+
+class KeptSegments:
+    """A segmented plan read from disk: its description at once, the SegmentPlan itself
+    (every attribute) rebuilt from the graph on first use, as binding it needs."""
+
+    def __init__(self, rebuild: Callable[[], SegmentPlan], described: dict) -> None:
+        self._rebuild, self._described, self._plan = rebuild, described, None
+
+    def describe(self) -> dict:
+        return dict(self._described)
+
+    def __getattr__(self, name: str) -> Any:
+        if self._plan is None:
+            self._plan = self._rebuild()
+        return getattr(self._plan, name)
+
+
+def _rebuilt(graph, cuts: list[int], tree: dict, template_bytes: list[int],
+             template_blocks: list[list[int]], planned_bytes: int) -> SegmentPlan:
+    """The segment plan of a file's cuts and tree, its templates' memory as the file keeps it
+    (their simulated training graphs are the costly part of a rebuild)."""
+    sg = build_segments(graph, cuts)
+    keys = _template_keys(sg)
+    if len(keys) != len(template_bytes):
+        raise ValueError("the segments rebuilt differ from the ones kept")
+    mem = (dict(zip(keys, template_bytes)), dict(zip(keys, template_blocks)))
+    plan = make_segment_plan(graph, sg.cuts, tree, sg=sg, mem=mem)
+    if plan.planned_bytes != planned_bytes:
+        raise ValueError("the segment plan rebuilt differs from the one kept")
+    return plan
+
+
+TEMPLATES = "templates-mxnet-{}.json"  # the templates learned from one MXNet version
+
+
+def templates_file(mxnet_version: str) -> Path | None:
+    """Where the templates learned from this MXNet version are kept (None: cache off)."""
+    root = cache_path()
+    return None if root is None else root / TEMPLATES.format(mxnet_version)
+
+
+def templates_kept() -> bool:
+    """Whether any template is kept (or the cache is off): False on a new user's first run."""
+    root = cache_path()
+    return root is None or any(root.glob(TEMPLATES.format("*")))
 
 
 def cache_path() -> Path | None:

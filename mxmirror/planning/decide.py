@@ -20,7 +20,8 @@ def decide(analysis: Analysis, name: str, budget_bytes: int | None,
     notes = list(choice.notes)
     if never_worse and choice.segments is not None and name not in FROM_FRONT:
         choice, why = _segmented_or_one_recompute(analysis, choice, budget_bytes)
-        notes += [why] if why else []
+        if why:  # what is used, then why; the notes on the plan not used go
+            notes = [why]
     recomputes = bool(choice.score.recomputed_ids)
     if choice.segments is not None and not recomputes:
         notes.append("nothing is recomputed: the graph is left as it is")

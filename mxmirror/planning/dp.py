@@ -31,7 +31,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from mxmirror.errors import PlanError
+from mxmirror.errors import BudgetTooSmall
+from mxmirror.log import size
+from mxmirror.planning import _dp
 from mxmirror.planning.algorithm3 import grid_cuts
 from mxmirror.planning.analysis import Analysis
 from mxmirror.planning.chains import MAX_SEGMENTS, finest_cuts
@@ -54,28 +56,9 @@ class Table:
         bu = np.array([math.ceil(b / unit) if b > 0 else 0 for b in state_bytes], dtype=np.int64)
         self.bu = bu
         prefix = np.concatenate(([0.0], np.cumsum(flops)))
-        K = levels
-        Ms = np.arange(K + 1)
-        cost = np.full((m + 1, m + 1, K + 1), np.inf, dtype=np.float64)
-        arg = np.full((m + 1, m + 1, K + 1), -1, dtype=np.int32)
-        for s in range(m):
-            cost[s, s + 1, :] = flops[s]
-        for length in range(2, m + 1):
-            for s in range(0, m - length + 1):
-                e = s + length
-                mids = np.arange(s + 1, e)
-                adv = prefix[mids] - prefix[s]
-                pair = bu[s + 1:e].copy()
-                pair[1:] += bu[s + 1:e - 1]
-                peak = np.maximum.accumulate(pair)
-                idx = Ms[None, :] - bu[mids][:, None]
-                right = np.take_along_axis(cost[mids, e, :], np.clip(idx, 0, K), axis=1)
-                right[idx < 0] = np.inf
-                tot = adv[:, None] + right + cost[s, s + 1:e, :]
-                tot[peak[:, None] > Ms[None, :]] = np.inf
-                j = tot.argmin(axis=0)
-                cost[s, e, :] = tot[j, Ms]
-                arg[s, e, :] = mids[j]
+        cost = np.empty((m + 1, m + 1, levels + 1), dtype=np.float64)
+        arg = np.empty((m + 1, m + 1, levels + 1), dtype=np.int32)
+        _dp.table(np.asarray(flops, dtype=np.float64), prefix, bu, cost, arg)
         self.cost, self.arg = cost, arg
         self.total_flops = float(prefix[-1])
 
@@ -231,14 +214,14 @@ def least_memory(a: Analysis) -> SegmentPlan:
 
 def plan_for_budget(a: Analysis, budget_bytes: int) -> SegmentPlan:
     """The least-recompute segmented plan over every chain whose planned bytes fit;
-    PlanError naming the smallest reachable figure if none does."""
+    BudgetTooSmall naming the smallest reachable figure if none does."""
     fits = [p for sp in chains(a) if (p := _chain_for_budget(a, sp, budget_bytes))]
     if fits:
         return min(fits, key=lambda p: (recompute_of(p), p.planned_bytes))
     low = least_memory(a)
-    raise PlanError(f"budget {budget_bytes / 2**20:.0f} MB is below the smallest planned "
-                    f"memory reachable even with several recomputations per node "
-                    f"({low.planned_bytes / 2**20:.0f} MB); raise the budget")
+    raise BudgetTooSmall(f"budget {size(budget_bytes)} is below the smallest planned memory "
+                         f"reachable even with several recomputations per node "
+                         f"({size(low.planned_bytes)}); raise the budget")
 
 
 def _chain_for_budget(a: Analysis, sp: SegmentPlan, budget_bytes: int) -> SegmentPlan | None:

@@ -9,7 +9,9 @@ times). Both answer ``bind``, ``training_graph``, ``mxnet_mb`` and ``describe``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from mxmirror.adapter.figure import mxnet_mb_many
@@ -119,21 +121,25 @@ class Plan:
     """What to recompute, what to keep, what it costs, and how to bind it."""
 
     @classmethod
-    def of(cls, policy: str, analysis: Analysis, decision: Decision,
-           inputs: BindInputs | None = None, source_json: str | None = None,
-           plan_seconds: float = 0.0, budget: str | None = None) -> Plan:
-        """The Plan of a planning Decision, run by whichever executor its choice needs."""
+    def of(cls, policy: str, analysis_of: Callable[[], Analysis],
+           nodes: list[tuple[str, str]], decision: Decision, inputs: BindInputs | None = None,
+           source_json: str | None = None, plan_seconds: float = 0.0,
+           budget: str | None = None) -> Plan:
+        """The Plan of a planning Decision, run by whichever executor its choice needs;
+        `nodes`: (name, op) by node id; `analysis_of`: the analysed graph, asked for only
+        where it is needed (drawing, a segmented bind)."""
         choice = decision.choice
         execution = (MirrorExecution() if choice.segments is None
                      else SegmentedExecution(choice.segments))
-        return cls(policy, analysis, choice.score.recomputed_ids, list(choice.checkpoints),
-                   decision.baseline_bytes, choice.score.planned_bytes,
-                   choice.score.recompute_ratio, execution, inputs=inputs,
-                   source_json=source_json, plan_seconds=plan_seconds,
+        return cls(policy, analysis_of, nodes, choice.score.recomputed_ids,
+                   list(choice.checkpoints), decision.baseline_bytes,
+                   choice.score.planned_bytes, choice.score.recompute_ratio, execution,
+                   inputs=inputs, source_json=source_json, plan_seconds=plan_seconds,
                    notes=list(decision.notes), budget=budget)
 
     policy: str
-    analysis: Analysis
+    analysis_of: Callable[[], Analysis] = field(repr=False)
+    nodes: list[tuple[str, str]] = field(repr=False)  # (name, op) by node id
     recomputed_ids: frozenset[int]  # op nodes whose forward runs more than once a step
     checkpoints: list[str]  # names of kept segment boundaries
     baseline_bytes: int
@@ -145,6 +151,10 @@ class Plan:
     plan_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     budget: str | None = None  # the budget planned for and where it came from
+
+    @cached_property
+    def analysis(self) -> Analysis:
+        return self.analysis_of()
 
     @property
     def graph(self) -> Graph:
@@ -158,7 +168,7 @@ class Plan:
     @property
     def mirrored(self) -> list[str]:
         """Names of the recomputed nodes, in graph order."""
-        return [n.name for n in self.graph.nodes if n.id in self.recomputed_ids]
+        return [self.nodes[i][0] for i in sorted(self.recomputed_ids)]
 
     @property
     def baseline_mb(self) -> float:
@@ -197,7 +207,7 @@ class Plan:
     def to_dict(self) -> dict:
         return {
             "policy": self.policy,
-            "nodes": len(self.graph.op_nodes),
+            "nodes": sum(op != "null" for _, op in self.nodes),
             "mirrored": list(self.mirrored),
             "checkpoints": list(self.checkpoints),
             "baseline_mb": round(self.baseline_mb, 3),

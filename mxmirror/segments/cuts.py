@@ -61,7 +61,7 @@ def _cut(graph: Graph, cuts: list[int], split: frozenset) -> Segments:
     # the segment of an entry's last reader (segments follow op positions)
     last_reader = {e: seg_of[order[p].id] for e, p in graph.last_reads.items()}
     for nd in graph.nodes:
-        if not nd.is_variable and ops.is_random(nd.op) and nd.op != "Dropout":
+        if not nd.is_variable and ops.is_random(nd.op) and not ops.replayed_with_mask(nd.op):
             raise PlanError(f"node {nd.name} ({nd.op}) draws random numbers: the segmented "
                             f"executor can only replay Dropout; use policy 'sqrt' or 'budget'")
         if not nd.is_variable and nd.op in ops.STATEFUL:
@@ -87,7 +87,7 @@ def _cut(graph: Graph, cuts: list[int], split: frozenset) -> Segments:
         crossing.append(frozenset(live))
     segs = []
     out = Segments(graph, cuts, segs, crossing,
-                   [nd.id for nd in order if nd.op == "Dropout"])
+                   [nd.id for nd in order if ops.replayed_with_mask(nd.op)])
     for i in range(1, m + 1):
         ids = [order[p].id for p in range(bounds[i - 1] + 1, bounds[i] + 1)]
         outputs = sorted((e for e in crossing[i] if seg_of[e[0]] == i), key=lambda e: (pos[e[0]],

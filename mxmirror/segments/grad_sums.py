@@ -1,14 +1,13 @@
 """Which weight gradients a template may add straight into the user's gradient array.
 
 A weight read by several segments (an unrolled LSTM's layer weights) gets one gradient
-contribution per use. MXNet's whole-graph executor sums them with its own expression
-(``AggregateGradient`` in src/executor/graph_executor.cc of 1.9.1): the contributions in
-the reverse of the forward DFS order (nnvm's gradient pass), zeros dropped (a weight's
-never are, so the model keeps every contribution); one is used
-as is; fewer than ``MXNET_EXEC_INPLACE_GRAD_SUM_CAP`` (8) go to one ``ElementWiseSum``,
-whose CPU kernel adds 2-4 inputs right to left (``a + (b + (c + d))``) and 5 or more left
-to right; more go to a left-to-right chain of ``_grad_add``. Float sums depend on that
-expression.
+contribution per use. MXNet's whole-graph executor sums them with its own expression, as
+``sim.gradient_pass`` states it: the contributions in the order the gradient pass visits
+their readers (``backward_order``), zeros dropped (a weight's never are, so the model keeps
+every contribution); one is used as is; fewer than the in-place sum cap go to one
+ElementWiseSum (``add_n``), whose CPU kernel adds 2-4 inputs right to left
+(``a + (b + (c + d))``) and 5 or more left to right; more go to a left-to-right chain of
+``_grad_add`` (``sum_op``). Float sums depend on that expression.
 
 The segmented executor sums a weight's gradient segment by segment, last segment first.
 Either (the slot path) the template writes its own sum into a slot, which is then added
@@ -38,13 +37,12 @@ another: issue 13, item 5).
 
 from __future__ import annotations
 
-import os
 from math import prod
 from typing import Any
 
 from mxmirror.ir import backward
-from mxmirror.ir.graph import PARAM, Graph, post_order
-from mxmirror.sim import training_graph
+from mxmirror.ir.graph import PARAM, Graph
+from mxmirror.sim import gradient_pass, training_graph
 
 # rows of a FullyConnected input up to which BLAS reduces the weight's gradient in one
 # block, so that accumulating (beta 1) rounds like writing and adding: measured exact up to
@@ -85,7 +83,7 @@ def weight_sums(sg: Any) -> dict[str, tuple[frozenset, bool]]:
     """Weight name -> (its slots added in place, whether the segmented executor then sums
     its gradient with MXNet's own expression), for every weight a segment reads."""
     graph = sg.graph
-    cap = int(os.environ.get("MXNET_EXEC_INPLACE_GRAD_SUM_CAP", "8"))
+    cap = gradient_pass.inplace_sum_cap()
     # per weight: its template slots, and per segment its slots with their contributions
     # in the template's own order
     slots: dict[str, set] = {}
@@ -115,11 +113,9 @@ def weight_sums(sg: Any) -> dict[str, tuple[frozenset, bool]]:
 
 def _contributions(graph: Graph, order: list) -> dict[int, list]:
     """Variable id -> its gradient contributions (reader id, input index), in the order
-    MXNet's gradient pass collects them (reverse forward order, inputs in order)."""
+    MXNet's gradient pass collects them (its readers' backward order, inputs in order)."""
     out: dict[int, list] = {}
-    for nd in reversed(order):
-        if nd.is_variable:
-            continue
+    for nd in gradient_pass.backward_order(order):
         for j, (src, _) in enumerate(nd.inputs):
             if graph.nodes[src].is_variable and graph.nodes[src].grad_req != "null":
                 out.setdefault(src, []).append((nd.id, j))
@@ -133,9 +129,7 @@ def _template_contributions(seg: Any) -> dict[str, list]:
     sub = seg.graph
     ops_ = [n.id for n in sub.nodes if not n.is_variable]
     parent = dict(zip(ops_, seg.nodes))
-    order = [sub.nodes[i] for i in post_order([h[0] for h in sub.heads],
-                                              lambda i: [s for s, _ in sub.nodes[i].inputs])]
-    local = _contributions(sub, order)
+    local = _contributions(sub, sub.forward_order)
     return {sub.nodes[var].name: [(parent[n], j) for n, j in cs]
             for var, cs in local.items() if all(n in parent for n, _ in cs)}
 
@@ -205,7 +199,8 @@ def _into(acc: Expr, terms: list, graph: Graph, cap: int) -> Expr:
     if len(terms) == 1:
         c = terms[0]
         return _plus(acc, c) if _adds_exactly(graph, c) else ("addto", acc, c)
-    if 5 <= len(terms) < cap:  # ElementWiseSum's kernel: onto the array, one by one
+    if len(terms) >= 5 and gradient_pass.sum_op(len(terms), cap) == "add_n":
+        # ElementWiseSum's kernel: onto the array, one by one
         for t in terms:
             acc = _plus(acc, t)
         return acc
@@ -214,9 +209,10 @@ def _into(acc: Expr, terms: list, graph: Graph, cap: int) -> Expr:
 
 def _sum(terms: list, cap: int) -> Expr:
     """AggregateGradient's expression for `terms` (ElementWiseSum or a _grad_add chain)."""
-    if len(terms) == 1:
+    op = gradient_pass.sum_op(len(terms), cap)
+    if op is None:
         return terms[0]
-    if len(terms) < cap and len(terms) <= 4:
+    if op == "add_n" and len(terms) <= 4:
         acc = terms[-1]
         for t in reversed(terms[:-1]):
             acc = _plus(t, acc)

@@ -34,6 +34,7 @@ def make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry],
     local: dict[int, int] = {}
     var_of: dict[tuple, int] = {}
     slots: list[tuple[str, tuple]] = []
+    per_kind: dict[str, int] = {}  # slots made so far, by kind
     inputs: list[Entry] = []
     ids_set = set(ids)
 
@@ -50,8 +51,8 @@ def make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry],
         if key not in var_of:
             # one counter per kind, so that slots of the same role get the same name in
             # every template and share one array (shared_buffer)
-            prefix = _PREFIX[key[0]]
-            name = f"{prefix}{sum(1 for _, k in slots if k[0] == key[0])}"
+            name = f"{_PREFIX[key[0]]}{per_kind.get(key[0], 0)}"
+            per_kind[key[0]] = per_kind.get(key[0], 0) + 1
             kind = AUX if key[0] == "aux" else (INPUT if grad == "null" else PARAM)
             if kind == AUX:  # shared_exec lends its aux arrays by name: name the shape
                 name += "_" + "x".join(map(str, shape)) + "_" + dtype
@@ -88,7 +89,7 @@ def make_segment(sg: Segments, index: int, ids: list[int], outputs: list[Entry],
         nd = graph.nodes[nid]
         flops += nd.flops
         ins = [ref(s, k, nid) for s, k in nd.inputs]
-        if nd.op == "Dropout":
+        if ops.replayed_with_mask(nd.op):
             src = graph.nodes[nd.inputs[0][0]]
             k = nd.inputs[0][1]
             mask = var(("mask", nid), src.shapes[k], src.dtypes[k], "null")
@@ -172,7 +173,7 @@ def added_specs(graph: Graph) -> list[Spec]:
              for s, k in graph.heads if not graph.nodes[s].is_variable}
     masked = {(tuple(graph.nodes[n.inputs[0][0]].shapes[n.inputs[0][1]]),
                graph.nodes[n.inputs[0][0]].dtypes[n.inputs[0][1]])
-              for n in graph.op_nodes if n.op == "Dropout"}
+              for n in graph.op_nodes if ops.replayed_with_mask(n.op)}
 
     def one(op: str, shapes: list, dtypes: list, out: list, attrs: dict | None = None) -> Spec:
         return {"op": op, "attrs": attrs or {}, "shapes": [list(x) for x in shapes],

@@ -4,9 +4,10 @@ resolved and simulated for each mirror set a planner scores, without building ob
 ``training_graph.build`` makes a fresh graph of objects per mirror set; searches score
 hundreds of sets on graphs of 10^4 nodes. But a mirror set changes little: which copy
 (original or mirror) a backward node or a mirror copy reads, and which copies exist. So
-every node that may exist is made once here, as integers: the forward nodes, one
-potential copy per mirrorable node, the backward nodes, gradient sums and copies; a read
-that depends on the mirror set is a *switch* (this original, or its copy when mirrored).
+``gradient_pass.run`` makes every node that may exist once here, as integers: the forward
+nodes, one potential copy per mirrorable node, the backward nodes, gradient sums and
+copies; a read that depends on the mirror set is a *switch* (this original, or its copy
+when mirrored).
 MXNet's execution order (a post-order DFS from the outputs) visits the nodes that do not
 depend on the mirror set in the same order whatever the set, since copies read only
 copies and originals: the DFS is run once, recording where it meets a switch, and each
@@ -22,9 +23,8 @@ from itertools import chain
 import numpy as np
 
 from mxmirror.ir import ops
-from mxmirror.ir.graph import PARAM, Graph
-from mxmirror.sim import memory_plan
-from mxmirror.sim.training_graph import INPLACE_SUM_CAP, ZERO_OPS
+from mxmirror.ir.graph import PARAM, Graph, Node, post_order
+from mxmirror.sim import gradient_pass, memory_plan
 
 
 class Unsupported(Exception):
@@ -35,120 +35,22 @@ class CompiledTraining:
     """Integer training graph with switches; ``flat(mirror)`` resolves one mirror set."""
 
     def __init__(self, graph: Graph) -> None:
+        why = _unsupported(graph)
+        if why:
+            raise Unsupported(why)
         self.graph = graph
-        topo = graph.forward_order
-        self.op: list[str | None] = []
-        self.sizes: list[list[int]] = []
-        self.ins: list[list] = []  # entries: (node, k), or a switch index
-        self.cdeps: list[list[int]] = []  # nodes, or ~switch index
-        self.switches: list[tuple[int, int, int]] = []  # (cond node or -1, fwd node, k)
-        self.fwd: dict[int, int] = {}  # graph node id -> compiled node
-        self.copy: dict[int, int] = {}  # graph node id -> compiled mirror copy
-        self.copy_of: dict[int, int] = {}  # compiled mirror copy -> graph node id
-        fwd, copy = self.fwd, self.copy
-        for n in topo:
-            if n.is_variable:
-                fwd[n.id] = self._node(None, n.element_counts, [])
-            else:
-                fwd[n.id] = self._node(n.op, n.element_counts,
-                                       [(fwd[s], k) for s, k in n.inputs])
-        self.fwd_of = {c: g for g, c in fwd.items()}
-        outputs = [(fwd[h[0]], h[1]) for h in graph.heads]
-        xs = [n for n in topo if n.kind == PARAM]  # as training_graph.build
-        if not xs:
-            raise Unsupported("nothing gets a gradient")
-        grads: dict[int, list[list]] = {n.id: [[] for _ in n.shapes] for n in topo}
-        for t, k in outputs:
-            size = self.sizes[t][k]
-            var = self._node(None, [size], [])
-            hint = self._node("_identity_with_attr_like_rhs", [size], [(var, 0), (t, k)])
-            grads[self.fwd_of[t]][k] = [(hint, 0)]
-        self.mirrorable: set[int] = set()  # graph ids that get a copy when mirrored
-        for n in topo:
-            if not n.is_variable and n.op != "Dropout":
-                c = self._node(n.op, n.element_counts,
-                               [self._switch(-1, s, k) for s, k in n.inputs])
-                copy[n.id] = c
-                self.copy_of[c] = n.id
-                self.mirrorable.add(n.id)
-        for n in reversed(topo):
-            if n.is_variable:
-                continue
-            agg = [self._aggregate(g, size) for g, size in zip(grads[n.id], n.element_counts)]
-            if not n.inputs:
-                continue
-            tpl = n.template
-            if tpl is None:
-                raise Unsupported(f"no backward template for {n.name}")
-            made: list[int] = []
-
-            def ref(r, n=n, made=made, agg=agg):
-                kind = r[0]
-                if kind == "ograd":
-                    return agg[r[1]]
-                if kind == "in":
-                    s, k = n.inputs[r[1]]
-                    return self._switch(n.id, s, k)
-                if kind == "out":
-                    return self._switch(-1, n.id, r[1])
-                return (made[r[1]], r[2])
-
-            sizes = n.backward_sizes
-            for t, tn in enumerate(tpl.nodes):
-                b = self._node(tn.op, sizes[t], [ref(r) for r in tn.inputs])
-                if tn.control_fwd:
-                    self.cdeps[b].append(~self._switch(-1, n.id, 0))
-                self.cdeps[b].extend(made[c] for c in tn.control_nodes)
-                made.append(b)
-            for (src, k), r in zip(n.inputs, tpl.input_grads):
-                if r is not None:
-                    if r[0] in ("in", "out"):
-                        raise Unsupported(f"{n.op}: an input gradient that is a forward value")
-                    grads[src][k].append(ref(r))
-        seen: set[tuple[int, int]] = set()
-        for x in xs:
-            g = self._aggregate(grads[x.id][0], self.sizes[fwd[x.id]][0])
-            if g in seen:
-                g = (self._node("_copy", [self.sizes[g[0]][g[1]]], [g]), 0)
-            seen.add(g)
-            outputs.append(g)
-        self.outputs = outputs
-        self.num_forward_outputs = len(graph.heads)
+        made = _Integers(graph)
+        self.outputs, self.num_forward_outputs = gradient_pass.run(graph, made)
+        self.op: list[str | None] = made.ops
+        self.sizes: list[list[int]] = made.sizes
+        self.ins: list[list] = made.ins  # entries: (node, k), or a switch index
+        self.cdeps: list[list[int]] = made.cdeps  # nodes, or ~switch index
+        self.switches: list[tuple[int, int, int]] = made.switches  # (cond or -1, node, k)
+        self.fwd: dict[int, int] = made.fwd  # graph node id -> compiled node
+        self.copy: dict[int, int] = made.copies  # graph node id -> compiled mirror copy
+        self.copy_of: dict[int, int] = {c: g for g, c in self.copy.items()}
+        self.mirrorable: set[int] = set(self.copy)  # graph ids that get a copy when mirrored
         self._lay_out()
-
-    # ------------------------------------------------------------ building
-    def _node(self, op: str | None, sizes: list[int], ins: list) -> int:
-        self.op.append(op)
-        self.sizes.append(list(sizes))
-        self.ins.append(ins)
-        self.cdeps.append([])
-        return len(self.op) - 1
-
-    def _switch(self, cond: int, src: int, k: int) -> int:
-        """A read of `src`'s output k: its copy when `src` (and `cond`, if given) are
-        mirrored, else the original. Variables are never copied: a plain entry."""
-        if src not in self.copy and self.graph.nodes[src].is_variable:
-            return (self.fwd[src], k)
-        self.switches.append((cond, src, k))
-        return len(self.switches) - 1
-
-    def _aggregate(self, v: list, size: int) -> tuple[int, int]:
-        """MXNet's AggregateGradient, as training_graph._aggregate."""
-        if not v:
-            return (self._node("_zeros_without_dtype", [size], []), 0)
-        kept = [e for e in v if self.op[e[0]] not in ZERO_OPS]
-        if not kept:
-            kept = v[:1]
-        if len(kept) == 1:
-            return kept[0]
-        if len(kept) < INPLACE_SUM_CAP:
-            return (self._node("add_n", [size], list(kept)), 0)
-        ret = kept[0]
-        for i in range(1, len(kept)):
-            if kept[i - 1][0] != kept[i][0]:
-                self.cdeps[kept[i][0]].append(ret[0])
-            ret = (self._node("_grad_add", [size], [ret, kept[i]]), 0)
-        return (self._node("identity", [size], [ret]), 0)
 
     def _lay_out(self) -> None:
         """Entries, facts and the mirror-independent DFS with its switch events."""
@@ -167,27 +69,23 @@ class CompiledTraining:
         self.switch_table = [(c, s, self.base[self.fwd[s]] + k,
                               self.base[self.copy[s]] + k if s in self.copy else -1)
                              for c, s, k in self.switches]
-        # the DFS: events are compiled nodes (>= 0) or switches met (~index)
-        events: list[int] = []
-        visited = bytearray(n)
-        fwd_nodes = set(self.fwd.values())
-        for head, _ in self.outputs[:self.num_forward_outputs]:
-            self._dfs(head, visited, events)
-        if any(not visited[c] for c in fwd_nodes):
-            raise Unsupported("a forward node the forward heads do not reach")
-        for head, _ in self.outputs[self.num_forward_outputs:]:
-            self._dfs(head, visited, events)
+        # MXNet's DFS, not entering switches: a switch (~index) is a leaf, an event where met
+        kids = [[e[0] if isinstance(e, tuple) else ~e for e in ins] + cd
+                for ins, cd in zip(self.ins, self.cdeps)]
+        events = post_order([h for h, _ in self.outputs], lambda v: kids[v] if v >= 0 else ())
+        reached = bytearray(n)
         # runs of nodes, each followed by the switches met after it
         self.runs: list[tuple[list[int], list[tuple[int, int]]]] = [([], [])]
         for ev in events:
             if ev >= 0:
+                reached[ev] = 1
                 if self.runs[-1][1]:
                     self.runs.append(([], []))
                 self.runs[-1][0].append(ev)
             else:
                 c, src, _ = self.switches[~ev]
                 self.runs[-1][1].append((c, src))
-        self._lay_out_reads(visited)
+        self._lay_out_reads(reached)
         # what a copy's DFS enters: its inputs that may be copied, in order
         self.copy_sources = {g: [s for s, _ in self.graph.nodes[g].inputs if s in self.copy]
                              for g in self.copy}
@@ -248,32 +146,6 @@ class CompiledTraining:
             [], self.facts, self.sizes, ins, self.in_start, self.base, self.esize, [], 0,
             self.out_order))
 
-    def _dfs(self, head: int, visited: bytearray, events: list[int]) -> None:
-        """Post-order DFS (inputs, then control dependencies) that does not enter switches:
-        it records them where it meets them (~index) and goes on."""
-        if visited[head]:
-            return
-        visited[head] = 1
-        stack = [(head, 0)]
-        while stack:
-            node, i = stack[-1]
-            children = [e[0] if isinstance(e, tuple) else ~e for e in self.ins[node]]
-            children += self.cdeps[node]
-            while i < len(children):
-                child = children[i]
-                i += 1
-                if child < 0:
-                    events.append(child)
-                    continue
-                if not visited[child]:
-                    visited[child] = 1
-                    stack[-1] = (node, i)
-                    stack.append((child, 0))
-                    break
-            else:
-                events.append(node)
-                stack.pop()
-
     # ------------------------------------------------------------ per mirror set
     def flat(self, mirror: set[int] | frozenset[int]) -> tuple[memory_plan.FlatGraph, list[int]]:
         """The FlatGraph MXNet plans for `mirror` (graph node ids), and the graph ids of the
@@ -318,3 +190,73 @@ class CompiledTraining:
                               self.esize, self.out_entries, self.num_forward_outputs,
                               self.out_order, ref, self.steps)
         return fg, made
+
+
+def _unsupported(graph: Graph) -> str | None:
+    """Why this compiler does not model the graph, if it does not (training_graph.build does):
+    nothing gets a gradient, a node without its template, or an input gradient that is a
+    forward value (a sum's term would then depend on the mirror set)."""
+    topo = graph.forward_order
+    if not any(n.kind == PARAM for n in topo):
+        return "nothing gets a gradient"
+    checked: set[int] = set()  # templates are shared by the nodes of one signature
+    for n in topo:
+        tpl = n.template
+        if n.is_variable or not n.inputs or id(tpl) in checked:
+            continue
+        if tpl is None:
+            return f"no backward template for {n.name}"
+        if any(r is not None and r[0] in ("in", "out") for r in tpl.input_grads):
+            return f"{n.op}: an input gradient that is a forward value"
+        checked.add(id(tpl))
+    return None
+
+
+class _Integers:
+    """gradient_pass.Builder for every mirror set at once: nodes are integers, every
+    mirrorable node gets a potential copy, and a read of an op's output is a switch (this
+    original, or its copy where the set mirrors it)."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.ops: list[str | None] = []
+        self.sizes: list[list[int]] = []
+        self.ins: list[list] = []
+        self.cdeps: list[list[int]] = []
+        self.switches: list[tuple[int, int, int]] = []
+        self.fwd: dict[int, int] = {}
+        self.copies: dict[int, int] = {}
+
+    def node(self, op: str | None, sizes: list[int], inputs: list, role: str = "",
+             name: str = "", of: int | None = None) -> int:
+        self.ops.append(op)
+        self.sizes.append(list(sizes))
+        self.ins.append(inputs)
+        self.cdeps.append([])
+        return len(self.ops) - 1
+
+    def forward(self, n: Node, inputs: list) -> int:
+        self.fwd[n.id] = self.node(n.op, n.element_counts, inputs)
+        return self.fwd[n.id]
+
+    def copy(self, n: Node, inputs: list) -> None:
+        self.copies[n.id] = self.node(n.op, n.element_counts, inputs)
+
+    def read(self, cond: int, src: int, k: int) -> tuple[int, int] | int:
+        """A plain entry for a variable (never copied), else a new switch's index."""
+        if self.graph.nodes[src].is_variable:
+            return (self.fwd[src], k)
+        self.switches.append((cond, src, k))
+        return len(self.switches) - 1
+
+    def control(self, node: int, entry: tuple[int, int] | int) -> None:
+        self.cdeps[node].append(entry[0] if isinstance(entry, tuple) else ~entry)
+
+    def op(self, entry: tuple[int, int]) -> str | None:
+        return self.ops[entry[0]]
+
+    def size(self, entry: tuple[int, int]) -> int:
+        return self.sizes[entry[0]][entry[1]]
+
+    def name(self, node: int) -> str:
+        return ""

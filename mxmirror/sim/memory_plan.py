@@ -12,12 +12,15 @@ Strategies: ``none`` (every entry its own buffer), ``inplace`` (in-place only),
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import gc
-from dataclasses import dataclass, field
+from array import array
+from dataclasses import dataclass
+
+import numpy as np
 
 from mxmirror.ir import ops
+from mxmirror.sim import _planner
 from mxmirror.sim.training_graph import TrainingGraph
 
 STRATEGIES = ("none", "inplace", "sharing")
@@ -30,17 +33,18 @@ class SimResult:
     """What the simulated planner allocated."""
 
     total_bytes: int
-    storage: list[int]  # storage id per entry (negative: not allocated here)
     block_bytes: list[int]  # final size of each storage block
-    timeline: list[int] = field(default_factory=list)  # live planned bytes after each node
+    timeline: list[int]  # live planned bytes after each node (when asked for)
+    storage_ids: bytes  # int64 storage id per entry (negative: not allocated here)
+
+    @property
+    def storage(self) -> list[int]:
+        """Storage id per entry (negative: not allocated here)."""
+        return array("q", self.storage_ids).tolist()
 
     @property
     def mb(self) -> float:
         return self.total_bytes / 2**20
-
-
-SEQ_BITS = 40  # free-list keys: block bytes above, release sequence number below
-SEQ_MASK = (1 << SEQ_BITS) - 1
 
 
 @dataclass
@@ -66,7 +70,7 @@ class FlatGraph:
     num_forward_outputs: int
     out_order: list[tuple[int, ...]]  # per node: outputs in allocation order
     ref: list[int] | None = None  # reference counts, when known
-    steps: list | None = None  # node_steps(self), when known
+    steps: Steps | None = None  # node_steps(self), when known
 
 
 def allocation_order(sizes: list[int]) -> tuple[int, ...]:
@@ -100,13 +104,10 @@ def simulate(tg: TrainingGraph, strategy: str = "sharing", match_range: int = 16
     return simulate_flat(flatten(tg), strategy, match_range, timeline)
 
 
-Step = tuple  # (in-place pairs, ignores all inputs, allocations, inputs released, outputs)
-
-
 @contextlib.contextmanager
 def gc_paused():
     """Big graphs are DAGs freed by reference counts; building ~10^5 small objects (a training
-    graph, node_steps' tuples) makes the cyclic collector rescan the heap over and over."""
+    graph, its flat arrays) makes the cyclic collector rescan the heap over and over."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -116,14 +117,22 @@ def gc_paused():
             gc.enable()
 
 
-def node_steps(fg: FlatGraph, nodes: list[int] | None = None) -> list[Step | None]:
-    """What simulate_flat needs per node that no mirror set changes, decoded once: in-place
-    pairs as (input slot, output entry, output elements, identity), the outputs to allocate
-    as (entry, bytes) in allocation order, the input slots whose reads are counted, and the
-    output entries. Reads of variables are left out: nothing here allocates them. Only
-    `nodes` are decoded (default: all). A CompiledTraining keeps these for every FlatGraph
-    it resolves (its slots that may read another entry per mirror set never read a
-    variable)."""
+@dataclass(frozen=True)
+class Steps:
+    """What the planner needs per node that no mirror set changes, decoded once, as the int64
+    arrays the compiled planner (``_planner.c``) reads: per node its kind (-1: a variable or
+    not decoded; else 1 when it ignores every input), in-place pairs (input slot, output
+    entry, output elements, identity), the outputs to allocate (entry, bytes) in allocation
+    order, the input slots whose reads are counted, its first output entry and output
+    count; and the elements of every entry."""
+
+    packed: tuple
+
+
+def node_steps(fg: FlatGraph, nodes: list[int] | None = None) -> Steps:
+    """The Steps of `fg`'s `nodes` (default: all). Reads of variables are left out: nothing
+    here allocates them. A CompiledTraining keeps these for every FlatGraph it resolves (its
+    slots that may read another entry per mirror set never read a variable)."""
     facts, all_sizes, in_start, base_of, out_order, ins = (
         fg.facts, fg.sizes, fg.in_start, fg.base, fg.out_order, fg.ins)
     planned = [True] * len(fg.esize)
@@ -131,136 +140,48 @@ def node_steps(fg: FlatGraph, nodes: list[int] | None = None) -> list[Step | Non
         if f is None:
             n = len(all_sizes[i])
             planned[base_of[i]:base_of[i] + n] = [False] * n
-    steps: list[Step | None] = [None] * len(facts)
-    with gc_paused():
-        for i in range(len(facts)) if nodes is None else nodes:
-            f = facts[i]
-            if f is None:
-                continue
+    n_nodes = len(facts)
+    kind = [-1] * n_nodes
+    pair_off, alloc_off, rel_off = [0] * (n_nodes + 1), [0] * (n_nodes + 1), [0] * (n_nodes + 1)
+    pairs: list[int] = []
+    allocs: list[int] = []
+    rels: list[int] = []
+    out_n = [len(s) for s in all_sizes]
+    todo = range(n_nodes) if nodes is None else set(nodes)
+    for i in range(n_nodes):
+        f = facts[i]
+        if f is not None and i in todo:
             sizes, base, lo, hi = all_sizes[i], base_of[i], in_start[i], in_start[i + 1]
             n_out = len(sizes)
-            if n_out == 1:
-                allocs: tuple = ((base, sizes[0] * ELEMENT_BYTES),)
-            else:
-                allocs = tuple([(base + k, sizes[k] * ELEMENT_BYTES) for k in out_order[i]])
+            for k in out_order[i]:
+                allocs += (base + k, sizes[k] * ELEMENT_BYTES)
             ignore = f.ignore_inputs
-            released = tuple([x for x in range(lo, hi)
-                              if planned[ins[x]] and not (ignore and x - lo in ignore)])
-            pairs: tuple = ()
-            if f.inplace:
-                pairs = tuple([(lo + i_in, base + i_out, sizes[i_out], identity)
-                               for (i_in, i_out), identity in zip(f.inplace, f.identity)
-                               if lo + i_in < hi and i_out < n_out and planned[ins[lo + i_in]]])
-            steps[i] = (pairs, len(ignore) == hi - lo > 0, allocs, released,
-                        range(base, base + n_out))
-    return steps
+            rels += [x for x in range(lo, hi)
+                     if planned[ins[x]] and not (ignore and x - lo in ignore)]
+            for (i_in, i_out), identity in zip(f.inplace, f.identity):
+                if lo + i_in < hi and i_out < n_out and planned[ins[lo + i_in]]:
+                    pairs += (lo + i_in, base + i_out, sizes[i_out], int(identity))
+            kind[i] = int(len(ignore) == hi - lo > 0)
+        pair_off[i + 1], alloc_off[i + 1], rel_off[i + 1] = len(pairs) // 4, len(allocs) // 2, \
+            len(rels)
+    arrays = (kind, pair_off, pairs, alloc_off, allocs, rel_off, rels, base_of, out_n, fg.esize)
+    return Steps(tuple(np.array(a, dtype=np.int64) for a in arrays))
 
 
 def simulate_flat(fg: FlatGraph, strategy: str = "sharing", match_range: int = 16,
                   timeline: bool = False, stop_at: int | None = None) -> SimResult | None:
     """MXPlanMemory over a FlatGraph (storage ids are indexed by its entries); None as soon
     as the blocks allocated reach `stop_at` bytes (a search only needs to know "not less").
-
-    MXGraphAllocator inline (this loop scores every plan a search tries): a free list of
-    int keys ``bytes << SEQ_BITS | release seq``, sorted, searched within a factor of the
-    requested size: the smallest block at least as large, else the largest smaller one
-    (grown), else a new block.
-    """
+    The planner itself is compiled (``_planner.c``: its rules stated once, checked against a
+    literal reading of plan_memory.cc in tests/test_fast_paths.py)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose from {STRATEGIES}")
-    inplace = strategy != "none"
-    mr = match_range if strategy == "sharing" else 0
-    free: list[int] = []
-    sid_at = [0]  # release seq -> storage id
-    blocks: list[int] = []
-    bisect_left, insort = bisect.bisect_left, bisect.insort
-    n_entries = len(fg.esize)
-    ins, esize = fg.ins, fg.esize
     steps = fg.steps if fg.steps is not None else node_steps(fg, fg.order)
-    ref = fg.ref
-    if ref is None:
-        ref = [0] * n_entries
-        for i in fg.order:
-            st = steps[i]
-            if st is not None:
-                for x in st[3]:
-                    ref[ins[x]] += 1
-        for e in fg.outputs:
-            ref[e] += 1
-    storage = [BAD] * n_entries
-    for e in fg.outputs[fg.num_forward_outputs:]:
-        storage[e] = EXTERNAL
-    sref = [0] * (n_entries + 1)  # one block per entry at most
-    live_line: list[int] = []
-    block_live: dict[int, int] = {}
-    live = total = seq = 0
-    stop = stop_at if stop_at is not None else -1
-    for i in fg.order:
-        st = steps[i]
-        if st is None:
-            if timeline:
-                live_line.append(0)  # variables: nothing planned here
-            continue
-        pairs, ignore_all, allocs, released, outs = st
-        unread = False
-        if pairs and inplace:
-            taken = []
-            for x, eo, out_size, identity in pairs:
-                ei = ins[x]
-                sid_in = storage[ei]
-                same = out_size == esize[ei]
-                if (sid_in >= 0 and same and storage[eo] == BAD and ref[eo] > 0
-                        and ((sref[sid_in] == 1 and not ignore_all) or identity)
-                        and x not in taken):
-                    taken.append(x)
-                    storage[eo] = sid_in
-                    sref[sid_in] += ref[eo]
-        for eo, size in allocs:  # allocate the rest
-            if storage[eo] != BAD:
-                continue
-            sid = -1
-            if mr:
-                mid = bisect_left(free, size << SEQ_BITS)
-                if mid < len(free) and free[mid] >> SEQ_BITS <= size * mr:
-                    sid = sid_at[free.pop(mid) & SEQ_MASK]
-                elif mid and free[mid - 1] >> SEQ_BITS >= size // mr:
-                    sid = sid_at[free.pop(mid - 1) & SEQ_MASK]
-            if sid < 0:
-                sid = len(blocks)
-                blocks.append(size)
-                total += size
-                if total >= stop >= 0:
-                    return None
-            elif size > blocks[sid]:
-                total += size - blocks[sid]
-                blocks[sid] = size
-                if total >= stop >= 0:
-                    return None
-            storage[eo] = sid
-            sref[sid] = ref[eo]
-            if not sref[sid]:
-                unread = True
-            if timeline:
-                block_live[sid] = blocks[sid]
-                live += blocks[sid]
-        for x in released:
-            sid = storage[ins[x]]
-            if sid >= 0:
-                sref[sid] -= 1
-                if not sref[sid]:
-                    seq += 1
-                    sid_at.append(sid)
-                    insort(free, (blocks[sid] << SEQ_BITS) | seq)
-                    if timeline:
-                        live -= block_live.pop(sid, 0)
-        for eo in outs if unread else ():  # only a new block of an unread output is free
-            sid = storage[eo]
-            if sid >= 0 and not sref[sid]:
-                seq += 1
-                sid_at.append(sid)
-                insort(free, (blocks[sid] << SEQ_BITS) | seq)
-                if timeline:
-                    live -= block_live.pop(sid, 0)
-        if timeline:
-            live_line.append(live)
-    return SimResult(sum(blocks), storage, blocks, live_line)
+    got = _planner.simulate(steps.packed, fg.order, fg.ins, fg.ref, fg.outputs,
+                            fg.num_forward_outputs, strategy != "none",
+                            match_range if strategy == "sharing" else 0,
+                            -1 if stop_at is None else stop_at, timeline)
+    if got is None:
+        return None
+    total, storage, blocks, line = got
+    return SimResult(total, blocks, line, storage)

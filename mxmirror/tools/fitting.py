@@ -19,6 +19,7 @@ from mxmirror.errors import PlanError
 from mxmirror.ir.graph import resident_bytes
 from mxmirror.planning import dp
 from mxmirror.planning.registry import BUDGETED, resolve
+from mxmirror.progress import task
 
 POLICIES = ("none", "cheap", "sqrt", "search", "recursive", "multilevel")
 COUNTED = "planned intermediates + arguments + argument gradients + aux states"
@@ -121,14 +122,24 @@ class SizeSearch:
         ``recursive`` (cheap to plan) reaches. Any probe order gives the same answer when
         memory grows with the size; the probes only decide how many plans.
         """
-        first = self.at(policy, self.start, memory_bytes)
+        with task(f"the largest {self.key} that fits ({policy})",
+                  unit=f"{self.key} sizes tried") as tried:
+            def at(k: int) -> Fit:
+                tried.advance()
+                return self.at(policy, k, memory_bytes)
+
+            return self._largest(policy, memory_bytes, limit, at)
+
+    def _largest(self, policy: str, memory_bytes: int, limit: int,
+                 at: Callable[[int], Fit]) -> tuple[Fit | None, Fit | None]:
+        first = at(self.start)
         if not first.fits:
             return None, first
         good, bad = first, None
         points = [first]
         near = self.largest(NEAR[policy], memory_bytes, limit)[0] if policy in NEAR else None
         if near is not None and near.size > good.size:
-            f = self.at(policy, near.size, memory_bytes)
+            f = at(near.size)
             good, bad = (f, bad) if f.fits else (good, f)
             points.append(f)
         probes = 0
@@ -138,7 +149,7 @@ class SizeSearch:
             if k is None:
                 k = 2 * good.size if bad is None else (good.size + bad.size) // 2
             k = max(good.size + 1, min(k, limit if bad is None else bad.size - 1))
-            f = self.at(policy, k, memory_bytes)
+            f = at(k)
             good, bad = (f, bad) if f.fits else (good, f)
             points.append(f)
         return good, bad

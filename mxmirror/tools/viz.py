@@ -1,4 +1,5 @@
-"""Seeing a plan: graphviz dumps of the forward graph and memory timelines.
+"""Seeing a plan: graphviz drawings of the forward graph (tools/timeline.py: memory
+over the training step).
 
 ``plot_plan`` draws the forward graph with three visibly different kinds of node:
 
@@ -12,11 +13,10 @@ Nodes are grouped into *segments* (the nodes between consecutive checkpoint cuts
 forward order), drawn as alternately coloured clusters. ``collapse`` keeps graphs of
 thousands of layers readable: ``"block"`` draws one box per residual unit / LSTM step,
 ``"segment"`` one box per segment, ``"prefix:N"`` one box per run of nodes sharing
-their first N name components. A collapsed box is striped in proportion to the MB
-that is checkpointed / recomputed / kept inside it.
-
-``plot_timeline`` draws the live bytes over MXNet's training schedule, for the
-unplanned graph (``sharing``) and for the plan, from the simulator.
+their first N name components, ``"auto"`` (the command line's default) every node of a
+small graph and a large one by block, or by segment where blocks would still be too many
+boxes to read, at most MAX_INCHES on its long side. A collapsed box is striped in
+proportion to the MB that is checkpointed / recomputed / kept inside it.
 
 Output is deterministic: the same plan gives the same DOT text byte for byte.
 """
@@ -32,8 +32,6 @@ from pathlib import Path
 from mxmirror.errors import PlanError
 from mxmirror.planning.analysis import node_bytes
 from mxmirror.runtime.plan import Plan
-from mxmirror.sim import memory_plan, training_graph
-from mxmirror.sim.training_graph import TrainingGraph
 
 ROLES = ("checkpoint", "recomputed", "kept")
 STYLE = {
@@ -45,8 +43,13 @@ STYLE = {
 }
 SEGMENT_BG = ("#e3f2fd", "#fff8e1")  # alternating cluster backgrounds
 STRIPE = {"checkpoint": "#81c784", "recomputed": "#ffcc80", "kept": "#e0e0e0"}
-COLLAPSE_MODES = ("none", "block", "segment", "prefix:N")
+COLLAPSE_MODES = ("auto", "none", "block", "segment", "prefix:N")
+FULL_NODES = 100  # collapse="auto" draws every node of a graph of at most this many op nodes
+MAX_BOXES = 40  # ... else one box per block if that gives at most this many, else per segment
+MAX_INCHES = 104  # long side of a collapsed drawing: about 10k px at dot's 96 dpi
 RENDER_FORMATS = ("svg", "png", "pdf")
+NO_DOT = ("install Graphviz: apt-get install graphviz, brew install graphviz or conda install "
+          "graphviz")
 TIMELINE_FORMATS = ("png", "svg", "pdf")
 
 
@@ -164,10 +167,25 @@ def _group_keys(names: list[str], collapse) -> list[str] | None:
                     "(e.g. prefix:2)")
 
 
+def auto_collapse(plan: Plan) -> tuple[str | None, str]:
+    """collapse="auto": the mode for this plan's drawing, and a note saying what was done
+    and how to get every node ("" when every node is drawn)."""
+    nodes = len(plan.graph.op_nodes)
+    if nodes <= FULL_NODES:
+        return None, ""
+    mode = "block"
+    boxes = len(build_groups(plan, mode)[0])
+    if boxes > MAX_BOXES:
+        mode = "segment"
+        boxes = len(build_groups(plan, mode)[0])
+    return mode, (f"{nodes} op nodes drawn as {boxes} boxes, one per {mode}; "
+                  f"--collapse none draws every node")
+
+
 def check_collapse(collapse: str | None) -> str | None:
     """The collapse mode, or a PlanError naming the valid ones."""
-    if collapse in (None, "none"):
-        return None
+    if collapse in (None, "none", "auto"):
+        return None if collapse == "none" else collapse
     _group_keys(["x"], collapse)
     return collapse
 
@@ -282,15 +300,20 @@ def to_dot(plan: Plan, collapse: str | Callable[[str], str] | None = None) -> st
 
     collapse: None/"none" (every op node), "block" (residual units, LSTM steps:
     runs of names sharing a prefix), "segment" (one box per segment),
-    "prefix:N" (runs sharing the first N '_'-separated name components), or a
-    function name -> key (consecutive nodes with one key share a box).
+    "prefix:N" (runs sharing the first N '_'-separated name components), "auto"
+    (auto_collapse), or a function name -> key (consecutive nodes with one key share
+    a box). Collapsed drawings are at most MAX_INCHES on their long side.
     """
     graph = plan.graph
+    capped = collapse not in (None, "none", False)  # asked for every node: the whole of it
+    if collapse == "auto":
+        collapse = auto_collapse(plan)[0]
     groups, where = build_groups(plan, collapse)
     nseg = (groups[-1].segment + 1) if groups else 0
     collapsed = collapse not in (None, "none", False)
     lines = ["digraph plan {",
-             '  rankdir=TB; newrank=true; nodesep=0.25; ranksep=0.3;',
+             '  rankdir=TB; newrank=true; nodesep=0.25; ranksep=0.3;'
+             + (f' size="{MAX_INCHES},{MAX_INCHES}";' if capped else ""),
              '  node [shape=box, fontname="Helvetica", fontsize=10, margin="0.08,0.03"];',
              '  edge [fontname="Helvetica", fontsize=8, color="#757575", arrowsize=0.6];',
              '  graph [fontname="Helvetica"];']
@@ -374,21 +397,23 @@ def plot_plan(plan: Plan, path: str | Path,
               collapse: str | Callable[[str], str] | None = None) -> tuple[Path, str]:
     """Write .dot/.gv, or render .svg/.png/.pdf through graphviz's `dot` when installed.
 
-    Returns (file written, note); without `dot` the DOT source is written next to
-    the requested file and the note says so.
+    Returns (file written, note); the note says how a "auto" drawing was collapsed.
+    Without `dot` the DOT source is written next to the requested file and the note says
+    so (the command line makes that an error).
     """
     path = Path(path)
+    note = auto_collapse(plan)[1] if collapse == "auto" else ""
     source = to_dot(plan, collapse=collapse)
     check_outputs(str(path), None)
     fmt = path.suffix.lstrip(".").lower()
     if fmt in ("dot", "gv"):
         _write(path, source.encode())
-        return path, ""
+        return path, note
     if shutil.which("dot") is None:
         dot_path = path.with_suffix(".dot")
         _write(dot_path, source.encode())
-        return dot_path, ("graphviz 'dot' not found (apt-get install graphviz): "
-                          "wrote the DOT source instead")
+        return dot_path, (f"Graphviz's dot is not installed ({NO_DOT}): wrote the DOT "
+                          f"source to {dot_path} instead")
     import graphviz
 
     try:
@@ -396,7 +421,7 @@ def plot_plan(plan: Plan, path: str | Path,
     except Exception as exc:  # graphviz reports dot's own failure
         raise PlanError(f"graphviz could not render {path.name}: {exc}") from None
     _write(path, data)
-    return path, ""
+    return path, note
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -404,94 +429,3 @@ def _write(path: Path, data: bytes) -> None:
         path.write_bytes(data)
     except OSError as exc:
         raise PlanError(f"cannot write {path}: {exc.strerror}") from None
-
-
-# ---------------------------------------------------------------- memory timeline
-
-@dataclass
-class Timeline:
-    """Live bytes after each training-graph op node, in MXNet's execution order."""
-
-    live: list[int]  # bytes held by live blocks after each op node
-    total_bytes: int  # MXNet-style total allocated
-    backward_start: int  # index of the first node that is not forward
-    recompute_at: list[int]  # indices of mirror (recompute) nodes
-
-
-def timeline(tg: TrainingGraph) -> Timeline:
-    """Simulate `sharing` on a training graph and keep the live-bytes curve."""
-    sim = memory_plan.simulate(tg, "sharing", timeline=True)
-    live, bwd, rec = [], None, []
-    for t, b in zip(tg.nodes, sim.timeline):
-        if t.op is None:
-            continue
-        if bwd is None and t.role != "fwd":
-            bwd = len(live)
-        if t.role == "mirror":
-            rec.append(len(live))
-        live.append(b)
-    return Timeline(live, sim.total_bytes, len(live) if bwd is None else bwd, rec)
-
-
-def timeline_data(plan: Plan) -> dict[str, Timeline | None]:
-    """{'sharing': no plan, 'plan': the plan}.
-
-    A segmented plan (several recomputations per node, run by the segmented
-    executor) has no single MXNet training graph to replay: its 'plan' is None and
-    only its planned total is known.
-    """
-    planned = plan.training_graph()
-    return {"sharing": timeline(training_graph.build(plan.graph, set())),
-            "plan": None if planned is None else timeline(planned)}
-
-
-def plot_timeline(plan: Plan, path: str | Path, title: str | None = None) -> Path:
-    """PNG (or .svg/.pdf) of live MB over the training schedule, no plan vs the plan."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    path = Path(path)
-    check_outputs(None, str(path))
-    data = timeline_data(plan)
-    base, planned = data["sharing"], data["plan"]
-    mb = 1 / 2**20
-    fig = Figure(figsize=(10, 4.8), dpi=110)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    ax.plot(range(len(base.live)), [b * mb for b in base.live], color="#546e7a", lw=1.2,
-            label=f"no plan (sharing): live, total allocated {base.total_bytes * mb:.0f} MB")
-    if planned is not None:
-        ax.plot(range(len(planned.live)), [b * mb for b in planned.live], color="#e65100",
-                lw=1.2, label=f"{plan.policy} plan: live, total allocated "
-                              f"{planned.total_bytes * mb:.0f} MB")
-        ax.axhline(planned.total_bytes * mb, color="#e65100", ls="--", lw=1)
-        if planned.recompute_at:
-            ax.plot(planned.recompute_at, [0] * len(planned.recompute_at), "|",
-                    color="#fb8c00", ms=8,
-                    label=f"recomputation ({len(planned.recompute_at)} mirror nodes)")
-    else:
-        ax.axhline(plan.planned_bytes * mb, color="#e65100", ls="--", lw=1,
-                   label=f"{plan.policy} plan: total {plan.planned_bytes * mb:.0f} MB "
-                         "(segmented executor: no per-node curve)")
-    ax.axhline(base.total_bytes * mb, color="#546e7a", ls="--", lw=1)
-    ax.axvline(base.backward_start, color="black", ls=":", lw=1)
-    top = max(base.total_bytes, plan.planned_bytes if planned is None
-              else planned.total_bytes) * mb
-    ax.text(base.backward_start, top * 1.03, "forward  ", fontsize=9, va="bottom",
-            ha="right")
-    ax.text(base.backward_start, top * 1.03, "  backward", fontsize=9, va="bottom")
-    ax.set_ylim(0, top * 1.12)
-    ax.set_xlim(0, max(len(base.live), len(planned.live) if planned else 0))
-    ax.set_xlabel("training-graph op node, in MXNet's execution order")
-    ax.set_ylabel("MB (MXNet counting: 4 bytes per element)")
-    ax.set_title(title or (f"Memory over one training step: policy={plan.policy}, "
-                           f"recompute {plan.recompute_ratio:.2f}x"), fontsize=11)
-    ax.legend(loc="upper right", fontsize=8, framealpha=0.9,
-              title="dashed: total allocated (what MXNet reports)", title_fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    try:
-        fig.savefig(str(path), metadata={"Software": None} if path.suffix == ".png" else None)
-    except OSError as exc:
-        raise PlanError(f"cannot write {path}: {exc.strerror}") from None
-    return path

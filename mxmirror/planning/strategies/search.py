@@ -196,8 +196,8 @@ def _peak_position(a: Analysis, mirror: frozenset[int]) -> int | None:
     """Forward position of the last node recomputed before the simulated peak of live bytes:
     the segment whose recomputation sets the peak."""
     pos = a.pos
-    if a.compiled is not None:
-        fg, _ = a.compiled.flat(mirror)
+    if a.resolved is not None:
+        fg, _ = a.resolved.flat(mirror)
         copies = [a.compiled.copy_of.get(i) for i in fg.order]  # graph id of each copy
         line = memory_plan.simulate_flat(fg, timeline=True).timeline
     else:
