@@ -5,7 +5,8 @@ copies of its boundary values in and out, its boundary losses, an executor call.
 of a few operators does almost no work for that (an LSTM step cut between its cell state
 and its output leaves h = o * tanh(c) on its own: half the chain). So a segment of fewer
 than ``MIN_OPS`` operators joins a neighbour, where the chain's plan (its binary recursion)
-then neither recomputes more nor needs more bytes: else the chain keeps every cut.
+then neither recomputes more nor needs more bytes, and sums every weight's gradient as
+MXNet does (grad_sums): else the chain keeps every cut.
 """
 
 from __future__ import annotations
@@ -50,10 +51,10 @@ def _chain(a: Analysis, max_segments: int | None) -> tuple[list[int], SegmentPla
     every = chain_cuts(a.graph, [c.pos for c in cuts])
     found = (every, None)
     joined = joined_cuts(a, every)
-    # recompute first (segment FLOPs only), then the bytes of both plans
+    # recompute first (segment FLOPs only), then the bytes of both plans and their sums
     if joined != every and _binary_recompute(a, joined) <= _binary_recompute(a, every):
-        plan = make_segment_plan(a.graph, joined)
-        if plan.planned_bytes <= make_segment_plan(a.graph, every).planned_bytes:
+        plan, plain = make_segment_plan(a.graph, joined), make_segment_plan(a.graph, every)
+        if plan.planned_bytes <= plain.planned_bytes and _exact_sums(plan):
             found = (joined, plan)
     _finest.setdefault(a, {})[max_segments] = found
     return found
@@ -81,6 +82,13 @@ def joined_cuts(a: Analysis, cuts: list[int]) -> list[int]:
         else:
             del out[i]
     return out
+
+
+def _exact_sums(plan: SegmentPlan) -> bool:
+    """Whether the plan sums every weight's gradient with MXNet's own expression
+    (grad_sums): a joined segment holding several uses of a weight may not, and the join
+    must not make a plan that trains differently from MXNet the smallest."""
+    return all(exact for _, exact in plan.segments.weight_sums.values())
 
 
 def _binary_recompute(a: Analysis, cuts: list[int]) -> float:
