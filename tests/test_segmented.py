@@ -365,3 +365,16 @@ def test_mxmirror_run_recursive(tmp_path) -> None:
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "EXECUTOR SegmentedExecutor" in proc.stdout
+
+
+def test_template_binds_restore_the_bulk_limits(monkeypatch) -> None:
+    """Templates are bound with MXNet's training bulk limits lifted (a template's forward
+    and backward one engine op each); the user's own settings are back afterwards."""
+    from mxmirror.runtime.segmented.pool import whole_bulks
+
+    fwd, bwd = "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD", "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD"
+    monkeypatch.setenv(fwd, "7")
+    monkeypatch.delenv(bwd, raising=False)
+    with whole_bulks():
+        assert int(os.environ[fwd]) == int(os.environ[bwd]) > 10**6
+    assert os.environ[fwd] == "7" and bwd not in os.environ

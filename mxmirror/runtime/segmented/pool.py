@@ -5,6 +5,9 @@ of, and the user's own arrays where a template's slot reads one variable through
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from math import prod
 from typing import Any
@@ -40,15 +43,41 @@ def bind_templates(plan: SegmentPlan, ctx: Any, user: UserArrays) -> Templates:
     owner = pool_owner(plan, ctx, raw)
     out = Templates(owner, {}, slot_arrays(sg, ctx))
     by_key = {seg.key: seg for seg in sg.segments}
-    for key in plan.bind_order():
-        seg = by_key[key]
-        buf = _bind_buffer(seg, sg, user, out)
-        req = dict(sg.slot_req[key], **{n: "add" for k, n in out.grad_bound if k == key})
-        ex = raw(mx.sym.load_json(seg.json), ctx, grad_req=req, type_dict=sg.slot_types[key],
-                 shared_exec=owner, shared_buffer=buf, **sg.slot_shapes[key])
-        owner = owner or ex
-        out.executors[key] = ex
+    with whole_bulks():
+        for key in plan.bind_order():
+            seg = by_key[key]
+            buf = _bind_buffer(seg, sg, user, out)
+            req = dict(sg.slot_req[key], **{n: "add" for k, n in out.grad_bound if k == key})
+            ex = raw(mx.sym.load_json(seg.json), ctx, grad_req=req,
+                     type_dict=sg.slot_types[key], shared_exec=owner, shared_buffer=buf,
+                     **sg.slot_shapes[key])
+            owner = owner or ex
+            out.executors[key] = ex
     return out
+
+
+# MXNet bulks at most 15 nodes of a training executor into one engine op (read at bind).
+# A template runs hundreds of times a step and each engine op costs the engine's
+# scheduling: as one op per forward and per backward, the benchmark LSTM's recursive step
+# pushes 706 template ops instead of 1411 (MXNet's profiler). The same kernels run in the
+# same order either way; MXNET_EXEC_BULK_EXEC_TRAIN=0 still turns bulking off.
+_BULK_LIMITS = ("MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD",
+                "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD")
+
+
+@contextmanager
+def whole_bulks() -> Iterator[None]:
+    """Executors bound inside run each forward and each backward as one engine op."""
+    saved = {k: os.environ.get(k) for k in _BULK_LIMITS}
+    os.environ.update({k: str(2**30) for k in _BULK_LIMITS})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _bind_buffer(seg: Segment, sg: Segments, user: UserArrays, templates: Templates) -> dict:
