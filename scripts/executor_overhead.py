@@ -13,8 +13,8 @@ four (forward + backward + waitall each) and the unplanned executor's forward al
 step: wall time and process CPU time (every thread of the process). A child runs per
 thread setting (``OMP_NUM_THREADS``; 0 = MXNet's default) and per round; with
 `--before COMMIT` the rounds alternate between that commit's mxmirror package (extracted
-with ``git archive`` into a temporary directory) and this checkout's, so that old and new
-code run under the same load.
+with ``git archive`` into a temporary directory, its C extensions built there) and this
+checkout's, so that old and new code run under the same load.
 
 The overhead of a plan is what its step costs beyond the unplanned step plus the forwards
 it recomputes:  step(plan) - [step(none) + r * forward(none)], with r the measured
@@ -223,9 +223,12 @@ def main() -> None:
     srcs = [("this checkout", str(ROOT))]
     tmp = tempfile.TemporaryDirectory()
     if args.before:
-        archive = subprocess.run(["git", "archive", args.before, "mxmirror"], cwd=ROOT,
-                                 capture_output=True, check=True).stdout
+        archive = subprocess.run(["git", "archive", args.before, "mxmirror", "setup.py"],
+                                 cwd=ROOT, capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", tmp.name], input=archive, check=True)
+        # that commit's C extensions (the planner's), built beside its sources
+        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+                       cwd=tmp.name, capture_output=True, check=True)
         srcs = [(f"before: {args.before}", tmp.name), ("after: this checkout", str(ROOT))]
     stamp = generated_by("scripts/executor_overhead.py", sys.argv[1:])
     out = [f"# Segmented executor overhead\n\n{stamp}\n",

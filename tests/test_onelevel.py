@@ -14,11 +14,13 @@ from __future__ import annotations
 import mxnet as mx
 import numpy as np
 import pytest
-from test_segmented_users import _equal, plain_at_cuts
+from test_segmented_users import _equal, _shapes, lm, plain_at_cuts
 
 from mxmirror.api import prepare
-from mxmirror.planning import dp
+from mxmirror.planning import chains, dp
 from mxmirror.runtime.segmented.executor import SegmentedExecutor
+from mxmirror.segments.cost import make_segment_plan
+from mxmirror.segments.cuts import chain_cuts
 from mxmirror.segments.grad_sums import weight_sums
 from symbols.lstm import input_shapes, paper_lstm
 from symbols.resnet import resnet_by_depth
@@ -50,11 +52,50 @@ def _curve_ends(prep):
     return prep.own_plan("recursive").planned_bytes, min(p.planned_bytes for p in every)
 
 
+def test_small_segments_joined_where_no_worse(net) -> None:
+    """The finest chain joins its segments of fewer than MIN_OPS operators where the binary
+    recursion then neither recomputes more nor needs more bytes (and sums the weights as
+    MXNet does), and keeps every cut where it would; on the LSTM the join is taken (each
+    step's h = o * tanh(c) on its own)."""
+    name, _, _, prep = net
+    a = prep.analysis
+    every = chain_cuts(a.graph, [c.pos for c in a.cuts])
+    joined = chains.joined_cuts(a, every)
+    bounds = [-1, *joined, len(a.graph.op_order) - 1]
+    assert set(joined) < set(every)  # both nets have segments of 1 and 2 operators
+    assert min(hi - lo for lo, hi in zip(bounds, bounds[1:])) >= chains.MIN_OPS
+    plain, merged = make_segment_plan(a.graph, every), make_segment_plan(a.graph, joined)
+    no_worse = (dp.recompute_of(merged) <= dp.recompute_of(plain)
+                and merged.planned_bytes <= plain.planned_bytes
+                and all(exact for _, exact in merged.segments.weight_sums.values()))
+    rec = prep.own_plan("recursive").execution.segment_plan
+    assert chains.segment_chain(a).cuts == rec.cuts == (joined if no_worse else every)
+    assert no_worse == (name == "lstm")
+
+
+def test_no_join_summing_weights_otherwise() -> None:
+    """A join is not taken where its segments would sum a shared weight's gradient in
+    another order than MXNet (a 4-step LM), though its plan is no larger."""
+    shapes = _shapes("lm", 4)
+    sym = lm(4)
+    a = prepare(sym, grad_req={n: "null" if n in shapes else "write"
+                               for n in sym.list_arguments()}, **shapes).analysis
+    every = chain_cuts(a.graph, [c.pos for c in a.cuts])
+    plain = make_segment_plan(a.graph, every)
+    merged = make_segment_plan(a.graph, chains.joined_cuts(a, every))
+    assert merged.planned_bytes <= plain.planned_bytes
+    assert dp.recompute_of(merged) <= dp.recompute_of(plain)
+    assert not all(exact for _, exact in merged.segments.weight_sums.values())
+    assert chains.finest_cuts(a) == every
+
+
 def test_curve_reaches_one_recompute(net) -> None:
     _, _, _, prep = net
     a = prep.analysis
     chains = dp.chains(a)
-    assert len(chains) > 1 and chains[0].segments.m > max(c.segments.m for c in chains[1:])
+    # the finest chain first (its segments of fewer than MIN_OPS operators joined: an LSTM
+    # step's h = o * tanh(c), as long as Algorithm 3's finest grid chain)
+    assert len(chains) > 1 and chains[0].segments.m >= max(c.segments.m for c in chains[1:])
     pts = dp.curve(a)
     rec = prep.own_plan("recursive")
     assert (pts[0][0], pts[0][1]) == (rec.planned_bytes, rec.recompute_ratio)  # unchanged
@@ -65,7 +106,7 @@ def test_curve_reaches_one_recompute(net) -> None:
 def test_budget_monotone_no_holes(net) -> None:
     """Every budget from the recursive figure up to the smallest store-all plan gets a plan
     that fits, recompute never rises with the budget, and it ends at one extra forward."""
-    _, _, _, prep = net
+    name, _, _, prep = net
     a = prep.analysis
     low, high = _curve_ends(prep)
     assert low < high
@@ -76,7 +117,9 @@ def test_budget_monotone_no_holes(net) -> None:
     assert all(x >= y - 1e-12 for x, y in zip(ratios, ratios[1:]))
     assert ratios[-1] <= 1.0 < ratios[0]
     finest = dp._chain_for_budget(a, dp.chains(a)[0], high)
-    assert finest is None or dp.recompute_of(finest) > ratios[-1]  # coarse chains help
+    if name == "resnet":  # coarse chains help (on the LSTM the finest chain, one segment per
+        # step once each step's h = o * tanh(c) joins it, is as coarse as the grid's best)
+        assert finest is None or dp.recompute_of(finest) > ratios[-1]
 
 
 def _coarse_plans(prep):

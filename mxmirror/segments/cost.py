@@ -12,7 +12,15 @@ from mxmirror.ir import backward
 from mxmirror.ir.graph import Graph, itemsize
 from mxmirror.segments.cuts import build_segments
 from mxmirror.segments.model import Segments
-from mxmirror.segments.schedule import Forward, Operation, Release, Tree, binary_tree, operations
+from mxmirror.segments.schedule import (
+    Forward,
+    Operation,
+    Release,
+    Tree,
+    binary_tree,
+    operations,
+    runs_forward,
+)
 from mxmirror.sim import memory_plan, training_graph
 
 
@@ -59,7 +67,7 @@ def dry_run(sg: Segments, tree: Tree) -> DryRun:
                     held -= size[e]
             continue
         seg = sg.segments[op.segment - 1]
-        if kind is Forward or op.rerun:
+        if runs_forward(op):
             flops += seg.flops
             runs[op.segment] += 1
         if kind is Forward:

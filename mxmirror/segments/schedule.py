@@ -106,6 +106,21 @@ def operations(tree: Tree, m: int) -> list[Operation]:
     return ops
 
 
+def runs_forward(op: Operation) -> bool:
+    """Whether `op` runs its segment's forward: a ``Forward``, or a ``Backward`` that runs
+    it again first."""
+    return type(op) is Forward or (type(op) is Backward and op.rerun)
+
+
+def forward_runs(tree: Tree, m: int) -> list[int]:
+    """How many times the schedule of `tree` runs each segment's forward (segments 1..m)."""
+    runs = [0] * m
+    for op in operations(tree, m):
+        if runs_forward(op):
+            runs[op.segment - 1] += 1
+    return runs
+
+
 def forward_only(m: int) -> list[Operation]:
     """An inference forward: every segment once, nothing kept."""
     return [Forward(i) for i in range(1, m + 1)]

@@ -4,20 +4,25 @@ A step of the segmented executor pushes thousands of small engine ops (copies in
 out of template slots, gradient sums, forwards of small executors). Through
 ``NDArray.copyto`` / ``+=`` / ``Executor.forward`` each costs 20-30 us of Python
 (argument checks, handle arrays built per call, new output NDArrays); the engine op
-itself is the same. These functions push the same computations (``_copy``, elemwise_add,
+itself is the same. These functions push the same computations (copies, elemwise_add,
 which computes the same sums as NDArray.__iadd__'s broadcast_add but is much faster on
 equal shapes, reset_arrays, ``MXExecutorForward``/``Backward``) with the argument arrays
-built by ctypes on the arrays' own handles, once per slot where the slot is fixed
-(``copier``, ``zeroer``). ``_copy`` rather than ``_copyto``: an FCompute op, so the engine
-bulks the copies between two template runs into one op (``BULK``); ``_copyto`` pushes
-each copy on its own.
+built by ctypes on the arrays' own handles, once where they are fixed (``zeroer``,
+``allocator``).
+
+Even so, one imperative call costs MXNet about 10 us (shape, type and storage
+inference, a closure per op, the engine's bookkeeping), as much as ten copies of an LSTM
+step's boundary value. So the copies between two template runs wait in ``Copies`` and go
+as one call per dtype: ``_np_atleast_1d``, an identity per input (``IdentityCompute``,
+in input order), an FCompute op that the engine bulks with the other small ops between
+two template runs (``BULK``).
 """
 
 from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
-from functools import cache, partial
+from functools import cache
 from typing import Any
 
 # Engine bulk size while the executor pushes a step: the copies, sums and zeroings between
@@ -53,25 +58,90 @@ def _invoke(op: Any, inputs: list, out: Any) -> None:
                                         ctypes.byref(stypes)))
 
 
-def copier(dst: Any) -> Callable[[Any], None]:
-    """A function ``f(src)`` doing ``src.copyto(dst)`` into this one NDArray, its C
-    arguments built once: a segment's slots are filled thousands of times per step."""
+class Copies:
+    """Copies waiting to be pushed: ``add`` in program order, ``push()`` sends them, one
+    ``_np_atleast_1d`` per dtype, whose kernel copies in the order given.
+
+    MXNet skips writing an output whose array is also an input of the same call
+    (``SetWriteInplaceReq``: kWriteInplace), so no array may be both: a copy that reads an
+    array a pending copy writes reads that copy's source instead, and an array that
+    other arrays alias (a BatchNorm statistic: the templates' statistic slots of one name
+    are one array; the user's statistics) is named by a key (``src_var``, ``dst_var``), and
+    a copy that would write one a pending copy reads, or read one it writes, waits for the
+    next call. The arrays are held until pushed."""
+
+    def __init__(self) -> None:
+        self._groups: dict[Any, tuple[list, list]] = {}
+        self._source: dict[int, Any] = {}  # id of a pending destination -> its source
+        self._read: set = set()  # keys of the aliased arrays pending copies read
+        self._written: set = set()  # ... and write
+
+    def add(self, src: Any, dst: Any, dtype: Any, src_var: Any = None,
+            dst_var: Any = None) -> None:
+        """``src.copyto(dst)`` (same shape and dtype), pushed at the next ``push``."""
+        if (src_var is not None and src_var in self._written) or \
+                (dst_var is not None and dst_var in self._read):
+            self.push()
+        src = self._source.get(id(src), src)
+        if src.handle.value == dst.handle.value:
+            return
+        group = self._groups.get(dtype)
+        if group is None:
+            group = self._groups[dtype] = ([], [])
+        group[0].append(src)
+        group[1].append(dst)
+        self._source[id(dst)] = src
+        if src_var is not None:
+            self._read.add(src_var)
+        if dst_var is not None:
+            self._written.add(dst_var)
+
+    def push(self) -> None:
+        """Push every pending copy."""
+        if not self._groups:
+            return
+        lib, check_call, handle_type = _lib()
+        op, stypes = _op("_np_atleast_1d"), ctypes.POINTER(ctypes.c_int)()
+        for srcs, dsts in self._groups.values():
+            n = len(srcs)
+            ins = (handle_type * n)(*[a.handle for a in srcs])
+            outs = ctypes.cast((handle_type * n)(*[a.handle for a in dsts]),
+                               ctypes.POINTER(handle_type))
+            check_call(lib.MXImperativeInvokeEx(op, n, ins, ctypes.byref(ctypes.c_int(n)),
+                                                ctypes.byref(outs), 1, _NUM_ARGS,
+                                                _count(n), ctypes.byref(stypes)))
+        self._groups, self._source, self._read, self._written = {}, {}, set(), set()
+
+
+_NUM_ARGS = (ctypes.c_char_p * 1)(b"num_args")
+
+
+@cache
+def _count(n: int) -> Any:
+    return (ctypes.c_char_p * 1)(str(n).encode())
+
+
+def allocator(like: Any) -> Callable[[], Any]:
+    """A function returning a new NDArray of `like`'s shape, dtype and context (its memory
+    taken when first written), its C arguments built once."""
+    import numpy as np
+    from mxnet.base import mx_uint
+    from mxnet.ndarray.ndarray import _DTYPE_NP_TO_MX, NDArray
+
     lib, check_call, handle_type = _lib()
-    op = _op("_copy")
-    ins = (handle_type * 1)()
-    outs = ctypes.pointer(dst.handle)
-    call = partial(lib.MXImperativeInvokeEx, op, 1, ins, ctypes.byref(ctypes.c_int(1)),
-                   ctypes.byref(outs), 0, None, None,
-                   ctypes.byref(ctypes.POINTER(ctypes.c_int)()))
-    target = dst.handle.value
+    shape = tuple(like.shape)
+    dims = (mx_uint * len(shape))(*shape)
+    ctx = like.context
+    args = (dims, len(shape), ctx.device_typeid, ctx.device_id, 1,
+            _DTYPE_NP_TO_MX[np.dtype(like.dtype).type])
+    create = lib.MXNDArrayCreateEx
 
-    def run(src: Any) -> None:
-        if src.handle.value != target:
-            ins[0] = src.handle
-            check_call(call())
+    def new() -> Any:
+        h = handle_type()
+        check_call(create(*args, ctypes.byref(h)))
+        return NDArray(h)
 
-    run.dst = dst  # the handle the arguments point into stays alive with the function
-    return run
+    return new
 
 
 def zeroer(arrays: list) -> Callable[[], None]:
@@ -115,16 +185,3 @@ def backward(ex: Any) -> None:
     """``ex.backward()`` for an MXNet executor whose heads are losses (no head gradients)."""
     lib, check_call = _lib()[:2]
     check_call(lib.MXExecutorBackwardEx(ex.handle, 0, None, 1))
-
-
-def copy_new(src: Any) -> Any:
-    """``src.copy()`` for an NDArray: one ``_copy`` call that allocates its output."""
-    from mxnet.ndarray.ndarray import NDArray
-
-    lib, check_call, handle_type = _lib()
-    ins = (handle_type * 1)(src.handle)
-    outs = ctypes.POINTER(handle_type)()
-    check_call(lib.MXImperativeInvokeEx(_op("_copy"), 1, ins, ctypes.byref(ctypes.c_int(0)),
-                                        ctypes.byref(outs), 0, None, None,
-                                        ctypes.byref(ctypes.POINTER(ctypes.c_int)())))
-    return NDArray(handle_type(outs[0]))

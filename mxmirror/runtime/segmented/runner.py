@@ -68,6 +68,8 @@ class ScheduleRunner:
         self._measured: set[bool] = set()
         self._measuring = True
         self.forward_flops_run = 0.0  # measured: FLOPs of every segment forward executed
+        # copies wait here and go as one engine call before the next other MXNet call
+        self._copies = calls.Copies()
 
     @property
     def has_training_forward(self) -> bool:
@@ -90,6 +92,7 @@ class ScheduleRunner:
         with self._mx.engine.bulk(calls.BULK):
             self._replay(self._training_forward if is_train else self._inference, states,
                          True, is_train)
+            self._copies.push()
         # the training forward keeps the held states only (and cut 0's, which is empty)
         for c in [c for c in states if c and c not in self._held]:
             del states[c]
@@ -108,14 +111,16 @@ class ScheduleRunner:
         self._grads = {}
         with self._mx.engine.bulk(calls.BULK):
             self._replay(self._backward, states, False, True)
+            self._copies.push()
         self._measured.add(True)
         self._reset()
         self._head_grads = None
 
     # -------------------------------------------------------------- replaying
     def _reset(self) -> None:
-        """No boundary gradient alive and no state held."""
+        """No boundary gradient alive, no state held, no copy pending (after an error)."""
         self._grads = {}
+        self._copies = calls.Copies()
         self._held, self._held_refs, self._held_bytes = set(), {}, 0
 
     def _replay(self, ops: list[Operation], states: dict[int, dict], first: bool,
@@ -139,19 +144,25 @@ class ScheduleRunner:
     def _run_forward(self, i: int, state: dict, first: bool, is_train: bool) -> dict:
         st = self._steps(i)
         self._load(st, state)
+        self._copies.push()
         calls.forward(st.ex, is_train)
         self._runs += 1
         self.forward_flops_run += self.sg.segments[i - 1].flops
         keep = st.keep
         new = {e: v for e, v in state.items() if e in keep}
         outs = st.ex.outputs
-        for j, (e, one_hop) in enumerate(st.outputs):
+        add = self._copies.add
+        for j, (e, one_hop, dtype, alloc) in enumerate(st.outputs):
             # a value only the next segment reads stays in the template's output until that
             # segment copies it into its slot (Segments.one_hop), unless its state is held
-            new[e] = _InTemplate(outs[j], self._runs) if one_hop else calls.copy_new(outs[j])
+            if one_hop:
+                new[e] = _InTemplate(outs[j], self._runs, dtype, alloc)
+            else:
+                new[e] = out = alloc()
+                add(outs[j], out, dtype)
         if first:
-            for j, fill in st.heads:
-                fill(outs[j])
+            for j, user, dtype in st.heads:
+                add(outs[j], user, dtype)
         self._note(state, new)
         return new
 
@@ -160,7 +171,10 @@ class ScheduleRunner:
         refs, size = self._held_refs, self._value_bytes
         for e, v in list(state.items()):
             if type(v) is _InTemplate:  # kept: copied out of the template now
-                state[e] = v = calls.copy_new(self._in_place(v))
+                array = self._in_place(v)
+                state[e] = kept = v.alloc()
+                self._copies.add(array, kept, v.dtype)
+                v = kept
             if not self._measuring:
                 continue
             n = refs.get(id(v), 0)
@@ -183,18 +197,20 @@ class ScheduleRunner:
     def _forward_backward(self, i: int, state: dict, rerun: bool) -> None:
         st = self._steps(i)
         ex = st.ex
+        copies = self._copies
         if rerun:
             self._load(st, state)
+            copies.push()
             calls.forward(ex, True)
             self._runs += 1
             self.forward_flops_run += self.sg.segments[i - 1].flops
         else:  # the running statistics as they are now: another executor (a second call
-            for fill in st.aux_in:  # of a Gluon block) may have updated them since
-                fill()
+            for copy in st.aux_in:  # of a Gluon block) may have updated them since
+                copies.add(*copy)
         # shared parameter gradient slots: what the backward leaves unwritten is 0
         zeroed = list(st.zeroed)
         one_hop = self.sg.one_hop
-        for kind, key, slot, fill in st.grad_inputs:
+        for kind, key, slot, view, dtype in st.grad_inputs:
             if kind == "ograd" and key in one_hop:
                 if key not in self._delivered:  # the reader's backward left none
                     zeroed.append(slot)
@@ -203,28 +219,31 @@ class ScheduleRunner:
                 if g is None:
                     zeroed.append(slot)
                 else:
-                    fill(g)
-        st.zero(zeroed)
+                    copies.add(g, view, dtype)
+        st.zero(zeroed)  # slots no copy writes: the copies may wait
         self._delivered = set()
+        copies.push()
         calls.backward(ex)
         self._runs += 1
         if st.aux:  # order the copy of the running statistics after BatchNorm's update
             settle(st.aux)
-        for e, g in st.state_grads:
+        grads = self._grads
+        for e, g, dtype, alloc in st.state_grads:
             if e in one_hop:  # straight into the producer's gradient input
-                self._hop_fill(i - 1, e)(g)
+                copies.add(g, self._hop_slot(i - 1, e), dtype)
                 self._delivered.add(e)
-            elif e in self._grads:
-                calls.add_to(self._grads[e], g)
+            elif e in grads:  # reads a slot and a kept gradient no pending copy writes
+                calls.add_to(grads[e], g)
             else:
-                self._grads[e] = calls.copy_new(g)
+                grads[e] = kept = alloc()
+                copies.add(g, kept, dtype)
         for user, slot in st.param_grads:
             calls.add_to(user, slot)
-        for fill in st.aux_out:
-            fill()
+        for copy in st.aux_out:
+            copies.add(*copy)
         self._note(state)
-        for e, _ in st.outputs:
-            self._grads.pop(e, None)
+        for e, *_ in st.outputs:
+            grads.pop(e, None)
 
     def _in_place(self, value: _InTemplate) -> Any:
         """The template output holding `value`, which no run since has overwritten."""
@@ -233,9 +252,9 @@ class ScheduleRunner:
                                "template's output was read after another run")
         return value.array
 
-    def _hop_fill(self, i: int, e: Any) -> Any:
-        """The filler of segment i's gradient-input slot for its output e."""
-        return next(fill for kind, key, _, fill in self._steps(i).grad_inputs
+    def _hop_slot(self, i: int, e: Any) -> Any:
+        """Segment i's gradient-input slot for its output e (a view of e's shape)."""
+        return next(view for kind, key, _, view, _ in self._steps(i).grad_inputs
                     if kind == "ograd" and key == e)
 
     def _note(self, *extra: dict) -> None:
@@ -266,13 +285,15 @@ class ScheduleRunner:
         return st
 
     def _load(self, st: SegmentSteps, state: dict) -> None:
-        for e, fill in st.states:
+        add = self._copies.add
+        for e, slot, dtype in st.states:
             value = state[e]
-            fill(self._in_place(value) if type(value) is _InTemplate else value)
-        for fill in st.copies:
-            fill()
-        for d, fill in st.masks:
-            fill(self.masks[d])
+            add(self._in_place(value) if type(value) is _InTemplate else value, slot, dtype)
+        for copy in st.copies:
+            add(*copy)
+        masks = self.masks
+        for d, slot, dtype in st.masks:
+            add(masks[d], slot, dtype)
 
     def _draw_masks(self, is_train: bool) -> None:
         mx = self._mx
@@ -298,12 +319,13 @@ class ScheduleRunner:
 
 
 class _InTemplate:
-    """A boundary value still in its template's output array (not copied out)."""
+    """A boundary value still in its template's output array (not copied out): the run
+    that made it, and how to copy it out (its dtype, an allocator of its shape)."""
 
-    __slots__ = ("array", "run")
+    __slots__ = ("array", "run", "dtype", "alloc")
 
-    def __init__(self, array: Any, run: int) -> None:
-        self.array, self.run = array, run
+    def __init__(self, array: Any, run: int, dtype: Any, alloc: Any) -> None:
+        self.array, self.run, self.dtype, self.alloc = array, run, dtype, alloc
 
 
 def _distinct(arrays: list) -> list:

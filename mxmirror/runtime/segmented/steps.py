@@ -10,9 +10,10 @@ lists of arrays.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
 from math import prod
 from typing import Any
+
+import numpy as np
 
 from mxmirror.runtime.segmented import engine_calls as calls
 from mxmirror.runtime.segmented.pool import Templates
@@ -22,23 +23,27 @@ from mxmirror.segments.model import Segment, Segments
 
 @dataclass
 class SegmentSteps:
-    """The arrays one segment's runs read and write, in its template executor."""
+    """The arrays one segment's runs read and write, in its template executor. Each copy
+    is (source, destination, dtype) or, where the source varies, (key, destination, dtype),
+    pushed through engine_calls.Copies."""
 
     ex: Any  # the template (an MXNet executor)
-    # fillers (engine_calls.copier) copy a source into one slot, their C arguments built once
-    states: list[tuple[Any, Any]]  # (boundary value entry, filler of its input slot)
-    copies: list[Any]  # fill one slot from its parameter or statistic: copied in per run
-    masks: list[tuple[int, Any]]  # (Dropout node, filler of its mask slot)
+    states: list[tuple[Any, Any, Any]]  # (boundary value entry, a flat view of its slot, dtype)
+    copies: list[tuple[Any, ...]]  # a parameter or statistic into its slot, every run, with
+    # the keys of the aliased arrays (engine_calls.Copies: statistics)
+    masks: list[tuple[int, Any, Any]]  # (Dropout node, its mask slot, dtype)
     keep: frozenset  # the values crossing the cut after this segment
-    outputs: list[tuple]  # (boundary value, read by the next segment only)
-    heads: list[tuple[int, Any]]  # (template output index, filler of the user's output)
-    grad_inputs: list[tuple[str, Any, Any, Any]]  # (kind, key, slot, filler of the slot
-    # through a view of the value's shape)
+    outputs: list[tuple]  # (boundary value, read by the next segment only, dtype,
+    # allocator of an array holding it out of the template)
+    heads: list[tuple[int, Any, Any]]  # (template output index, the user's output, dtype)
+    grad_inputs: list[tuple[str, Any, Any, Any, Any]]  # (kind, key, slot, a view of the
+    # value's shape that is filled, dtype)
     param_grads: list[tuple[Any, Any]]  # (the user's gradient, its slot): accumulated
     zeroed: list[Any]  # shared gradient slots zeroed before each backward
-    state_grads: list[tuple[Any, Any]]  # (boundary input entry, its gradient slot)
-    aux_out: list[Any]  # copy a statistic slot out to the user's statistic
-    aux_in: list[Any]  # fill a statistic slot from the user's statistic
+    state_grads: list[tuple[Any, Any, Any, Any]]  # (boundary input entry, its gradient
+    # slot, dtype, allocator of an array holding it out of the template)
+    aux_out: list[tuple[Any, ...]]  # a statistic slot out to the user's statistic
+    aux_in: list[tuple[Any, ...]]  # the user's statistic into its slot
     aux: list[Any]  # the template's statistics (ordered after its backward)
     value_bytes: dict  # boundary value entry -> bytes of the array holding it
     zeroers: dict = field(default_factory=dict)  # slots zeroed together -> engine_calls.zeroer
@@ -60,37 +65,40 @@ class SegmentSteps:
         ex = templates.executors[seg.key]
         user_bound, grad_bound = templates.user_bound, templates.grad_bound
         args, grads, auxs = ex.arg_dict, ex.grad_dict, ex.aux_dict
+        types = sg.slot_types[seg.key]
         one_hop = sg.one_hop
         states, copies, masks, grad_inputs, param_grads, state_grads, aux_out, aux_in = \
             [], [], [], [], [], [], [], []
         for name, key in seg.slots:
-            kind = key[0]
+            kind, dtype = key[0], np.dtype(types[name])
             if kind == "state":  # filled from a kept flat value: through a view of that shape
                 slot = args[name]
-                states.append((key[1], calls.copier(slot.reshape((prod(slot.shape),)))))
-                state_grads.append((key[1], grads[name]))
+                states.append((key[1], slot.reshape((prod(slot.shape),)), dtype))
+                state_grads.append((key[1], grads[name], dtype, calls.allocator(grads[name])))
             elif kind == "arg":
                 if (seg.key, name) not in user_bound:
-                    copies.append(partial(calls.copier(args[name]), user.arg_dict[key[1]]))
+                    copies.append((user.arg_dict[key[1]], args[name], dtype, None, None))
                 if user.grad_req[key[1]] != "null" and (seg.key, name) not in grad_bound:
                     param_grads.append((user.grad_dict[key[1]], grads[name]))
-            elif kind == "aux":
-                fill = partial(calls.copier(auxs[name]), user.aux_dict[key[1]])
+            elif kind == "aux":  # aliased: one slot per name, the user's (Copies)
+                slot, mine = ("aux slot", name), ("user aux", key[1])
+                fill = (user.aux_dict[key[1]], auxs[name], dtype, mine, slot)
                 copies.append(fill)
                 aux_in.append(fill)
-                aux_out.append(partial(calls.copier(user.aux_dict[key[1]]), auxs[name]))
+                aux_out.append((auxs[name], user.aux_dict[key[1]], dtype, slot, mine))
             elif kind == "mask":
-                masks.append((key[1], calls.copier(args[name])))
+                masks.append((key[1], args[name], dtype))
             elif kind in ("ograd", "hgrad"):
                 slot = args[name]
                 shape = _gradient_shape(sg, kind, key[1])
                 view = slot if tuple(slot.shape) == shape else slot.reshape(shape)
-                grad_inputs.append((kind, key[1], slot, calls.copier(view)))
-        heads = [(len(seg.outputs) + j, calls.copier(user.outputs[h]))
+                grad_inputs.append((kind, key[1], slot, view, dtype))
+        heads = [(len(seg.outputs) + j, user.outputs[h], np.dtype(user.outputs[h].dtype))
                  for j, h in enumerate(seg.heads)]
         outs = [ex.outputs[j] for j in range(len(seg.outputs))]
         value_bytes = {e: array_bytes(a) for e, a in zip(seg.outputs, outs)}
-        outputs = [(e, e in one_hop) for e in seg.outputs]
+        outputs = [(e, e in one_hop, np.dtype(a.dtype), calls.allocator(a))
+                   for e, a in zip(seg.outputs, outs)]
         return cls(ex, states, copies, masks, sg.crossing[seg.index], outputs, heads,
                    grad_inputs, param_grads, [g for _, g in param_grads], state_grads,
                    aux_out, aux_in, list(ex.aux_arrays), value_bytes)
@@ -106,6 +114,4 @@ def _gradient_shape(sg: Segments, kind: str, key: Any) -> tuple:
 
 def array_bytes(a: Any) -> int:
     """Bytes of an NDArray's elements."""
-    import numpy as np
-
     return prod(a.shape) * np.dtype(a.dtype).itemsize
