@@ -344,6 +344,21 @@ def test_plan_into_a_closed_pipe(files) -> None:
     assert proc.returncode == cli.EXIT_BROKEN_PIPE
 
 
+def test_a_command_is_alive_from_its_start(files, tmp_path) -> None:
+    """With stderr a pipe, the command's own task is the outermost one from the first line:
+    importing MXNet and reading the symbol, before any planning, count towards the 10 s."""
+    code = ("import sys; from mxmirror import progress; progress.INTERVAL = 0.05; "
+            "from mxmirror.frontends.cli import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", code, "plan", str(files["resnet"]),
+                           "--shape", "data=4,3,32,32", "--policy", "search"],
+                          capture_output=True, text=True, timeout=300,
+                          env=child_env(MXMIRROR_CACHE=str(tmp_path)))
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("mxmirror: plan: ")]
+    assert lines and proc.stderr.startswith("mxmirror: plan: "), proc.stderr[:500]
+    assert lines[-1].startswith("mxmirror: plan: done, "), lines[-3:]
+
+
 def test_ctrl_c_says_interrupted(tmp_path) -> None:
     """SIGINT once the work is under way (its first progress line): one line
     `mxmirror: interrupted`, exit code 130, no traceback."""

@@ -16,6 +16,7 @@ from pathlib import Path
 from mxmirror.adapter.figure import mxnet_mb_many
 from mxmirror.adapter.symbol import load_symbol
 from mxmirror.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, PlanError
+from mxmirror.progress import task
 
 EXIT_BROKEN_PIPE = 128 + 13  # as a process ended by SIGPIPE (13) reports itself to the shell
 
@@ -147,7 +148,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             build_parser().print_help()
             return EXIT_BAD_INPUT
-        code = COMMANDS[args.command](args)
+        if args.command in ("run", "demo"):  # the script's own output; the demo's table
+            code = COMMANDS[args.command](args)
+        else:  # alive from the start: importing MXNet and reading the symbol count too
+            with task(args.command):
+                code = COMMANDS[args.command](args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler below
         return code
     except PlanError as exc:
