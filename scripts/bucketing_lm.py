@@ -87,7 +87,7 @@ def run(folder: Path, example: Path, policy: str | None, epochs: int) -> dict:
     return {"wall": wall, "cpu": cpu,
             "epoch": float(epoch[0]) if epoch else float("nan"),
             "plans": json.loads(found[-1]) if found else [],
-            "logged": len(re.findall(r"mxmirror: policy=", out.stderr))}
+            "logged": len(re.findall(r"^mxmirror: .*policy=", out.stderr, re.M))}
 
 
 def main() -> None:
