@@ -114,8 +114,9 @@ def test_terminal_bar_and_time_left(monkeypatch) -> None:
 
 def test_progress_lines_with_stderr_a_pipe(tmp_path) -> None:
     """A real run of `mxmirror plan` with stderr a pipe (a fresh cache: the templates are
-    learned in a child): lines about reading the graph and learning (with its total) and
-    about planning (plans scored), each within the interval of the one before."""
+    learned in a child): lines of the command, naming the reading of the graph and the
+    learning (with its total) and the planning (plans scored) under way, each within the
+    interval of the one before."""
     sym_file = tmp_path / "resnet20-symbol.json"
     resnet_by_depth(20, bottleneck=False, num_classes=10, image_shape=(3, 32, 32)).save(
         str(sym_file))
@@ -132,12 +133,14 @@ def test_progress_lines_with_stderr_a_pipe(tmp_path) -> None:
         at.append(time.monotonic())
     assert proc.wait(timeout=300) == 0, "\n".join(lines)
     progress_lines = [ln for ln in lines if "policy=" not in ln]
-    assert any(ln.startswith("mxmirror: reading and analysing the graph: ") and
+    # the command is the outermost task from its start; what it does is nested in it
+    assert all(ln.startswith("mxmirror: plan: ") for ln in progress_lines), lines
+    assert any("> reading and analysing the graph: " in ln and
                "> learning backward templates from MXNet: " in ln and "ops, " in ln
                for ln in progress_lines), lines
-    assert any(ln.startswith("mxmirror: planning (budget, ") and "plans scored" in ln
+    assert any("> planning (budget, " in ln and "plans scored" in ln
                for ln in progress_lines), lines
-    assert "mxmirror: reading and analysing the graph: done, " in "\n".join(lines)
+    assert progress_lines[-1].startswith("mxmirror: plan: done, "), lines
     gaps = [b - a for a, b in zip(at, at[1:len(progress_lines)])]
     assert max(gaps) < interval + 2.0, gaps  # slack: two shared cores
 

@@ -37,6 +37,7 @@ from mxmirror.planning import _dp
 from mxmirror.planning.algorithm3 import grid_cuts
 from mxmirror.planning.analysis import Analysis
 from mxmirror.planning.chains import MAX_SEGMENTS, finest_cuts
+from mxmirror.progress import task
 from mxmirror.segments.cost import SegmentPlan, dry_run, make_segment_plan
 from mxmirror.segments.cuts import chain_cuts, segment_flops
 from mxmirror.segments.schedule import Tree, store_all_tree
@@ -196,8 +197,13 @@ def curve(a: Analysis, levels: int = LEVELS, max_segments: int = MAX_SEGMENTS):
     at one scale only: at the small budgets that finer scales resolve, the finest chain's
     smaller pool wins (and each scale costs a table of m^2 x levels)."""
     fine, *coarse = chains(a, max_segments)
-    return chain_curve(a, fine, levels) + [pt for sp in coarse
-                                           for pt in chain_curve(a, sp, levels, False)]
+    with task("multi-level DP", total=1 + len(coarse), unit="chains") as done:
+        points = chain_curve(a, fine, levels)
+        done.advance()
+        for sp in coarse:
+            points += chain_curve(a, sp, levels, False)
+            done.advance()
+    return points
 
 
 _least: weakref.WeakKeyDictionary[Analysis, SegmentPlan] = weakref.WeakKeyDictionary()
