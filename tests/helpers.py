@@ -1,12 +1,14 @@
-"""What several test files need: a child process's environment, MXNet's own figure of a bind
-in this process, dicts of arrays compared name by name, mxmirror's log lines, and what a
-training step leaves for a user to read."""
+"""What several test files need: a child process's environment, mxmirror's command line in a
+child with frequent progress lines, MXNet's own figure of a bind in this process, dicts of
+arrays compared name by name, mxmirror's log lines, and what a training step leaves for a
+user to read."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -23,6 +25,14 @@ def child_env(**extra: str) -> dict[str, str]:
     env.update(extra)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     return env
+
+
+def cli_child(interval: float) -> list[str]:
+    """The start of a child's argv running mxmirror's command line with a progress line every
+    `interval` seconds (stderr not a terminal); the command's own arguments follow."""
+    code = (f"import sys; from mxmirror import progress; progress.INTERVAL = {interval}; "
+            "from mxmirror.frontends.cli import main; sys.exit(main(sys.argv[1:]))")
+    return [sys.executable, "-c", code]
 
 
 def mxnet_mb(sym, shapes: dict, grad_req=None, type_dict: dict | None = None) -> int:

@@ -25,7 +25,7 @@ import pytest
 from mxmirror.adapter.children import allocated_mb
 from mxmirror.frontends import cli
 from symbols.resnet import resnet_by_depth
-from tests.helpers import child_env
+from tests.helpers import child_env, cli_child
 
 ROOT = Path(__file__).resolve().parents[1]
 DESIGN_KEYS = {"policy", "nodes", "mirrored", "checkpoints", "baseline_mb", "planned_mb",
@@ -347,9 +347,7 @@ def test_plan_into_a_closed_pipe(files) -> None:
 def test_a_command_is_alive_from_its_start(files, tmp_path) -> None:
     """With stderr a pipe, the command's own task is the outermost one from the first line:
     importing MXNet and reading the symbol, before any planning, count towards the 10 s."""
-    code = ("import sys; from mxmirror import progress; progress.INTERVAL = 0.05; "
-            "from mxmirror.frontends.cli import main; sys.exit(main(sys.argv[1:]))")
-    proc = subprocess.run([sys.executable, "-c", code, "plan", str(files["resnet"]),
+    proc = subprocess.run([*cli_child(0.05), "plan", str(files["resnet"]),
                            "--shape", "data=4,3,32,32", "--policy", "search"],
                           capture_output=True, text=True, timeout=300,
                           env=child_env(MXMIRROR_CACHE=str(tmp_path)))
@@ -362,11 +360,9 @@ def test_a_command_is_alive_from_its_start(files, tmp_path) -> None:
 def test_ctrl_c_says_interrupted(tmp_path) -> None:
     """SIGINT once the work is under way (its first progress line): one line
     `mxmirror: interrupted`, exit code 130, no traceback."""
-    code = ("import sys; from mxmirror import progress; progress.INTERVAL = 0.2; "
-            "from mxmirror.frontends.cli import main; sys.exit(main(sys.argv[1:]))")
     # SIGINT as a terminal gives it: a suite started in the background (nohup, `&`) ignores
     # SIGINT, and its children inherit that (Python then installs no KeyboardInterrupt)
-    proc = subprocess.Popen([sys.executable, "-c", code, "fit", "--depth", "lstm", "--batch",
+    proc = subprocess.Popen([*cli_child(0.2), "fit", "--depth", "lstm", "--batch",
                              "64", "--memory", "1TB", "--policy", "search"],
                             stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             env=child_env(MXMIRROR_CACHE=str(tmp_path)),

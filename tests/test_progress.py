@@ -16,7 +16,7 @@ from mxmirror import progress
 from mxmirror.api import prepare
 from mxmirror.planning import cache
 from symbols.resnet import resnet, resnet_by_depth
-from tests.helpers import child_env
+from tests.helpers import child_env, cli_child
 
 SHAPES = {"data": (4, 3, 32, 32), "softmax_label": (4,)}
 
@@ -121,9 +121,7 @@ def test_progress_lines_with_stderr_a_pipe(tmp_path) -> None:
     resnet_by_depth(20, bottleneck=False, num_classes=10, image_shape=(3, 32, 32)).save(
         str(sym_file))
     interval = 0.05  # planning here takes well over 0.2 s (100+ plans scored)
-    code = (f"import sys; from mxmirror import progress; progress.INTERVAL = {interval}; "
-            "from mxmirror.frontends.cli import main; sys.exit(main(sys.argv[1:]))")
-    proc = subprocess.Popen([sys.executable, "-c", code, "plan", str(sym_file), "--shape",
+    proc = subprocess.Popen([*cli_child(interval), "plan", str(sym_file), "--shape",
                              "data=8,3,32,32", "--policy", "budget", "--budget", "8MB"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=child_env(MXMIRROR_CACHE=str(tmp_path / "cache")))
