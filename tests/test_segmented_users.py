@@ -35,7 +35,7 @@ from mxmirror.ir.graph import resident_bytes
 from mxmirror.planning.registry import STRATEGIES
 from symbols.chain import conv_chain
 from tests import mkldnn_off
-from tests.helpers import assert_same
+from tests.helpers import assert_same, child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 MKLDNN = mkldnn_off.MKLDNN
@@ -357,9 +357,15 @@ def test_memory_reports_the_whole_plan(policy, budget, tmp_path) -> None:
     cmd = [sys.executable, "-m", "mxmirror", "memory", str(tmp_path / "net.json"),
            "--shape", "data=4,3,8,8", "--shape", "softmax_label=4", "--policy", policy,
            "--json"] + (["--budget", budget] if budget else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # twice on a cache of its own: planned, then the kept plan read back (rebuilt from its
+    # cuts and tree) and measured in its child the same
+    env = child_env(MXMIRROR_CACHE=str(tmp_path / "cache"))
+    runs = [subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+            for _ in range(2)]
+    for proc in runs:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    first, out = (json.loads(proc.stdout.strip().splitlines()[-1]) for proc in runs)
+    assert out == first, (first, out)
     measured, predicted = out["mxnet_mb"]["planned"], out["simulated_mb"]["planned"]
     assert measured > 0 and abs(predicted - measured) <= 0.05 * measured
     assert out["segmented_mb"]["measured_mb"]["total"] == measured

@@ -204,9 +204,20 @@ class KeptSegments:
         return dict(self._described)
 
     def __getattr__(self, name: str) -> Any:
+        return getattr(self._resolved(), name)
+
+    def __reduce__(self) -> tuple:
+        """Pickled as the SegmentPlan itself (the child that measures a plan gets one)."""
+        return (_as_is, (self._resolved(),))
+
+    def _resolved(self) -> SegmentPlan:
         if self._plan is None:
             self._plan = self._rebuild()
-        return getattr(self._plan, name)
+        return self._plan
+
+
+def _as_is(value: Any) -> Any:
+    return value
 
 
 def _rebuilt(graph, cuts: list[int], tree: dict, template_bytes: list[int],
