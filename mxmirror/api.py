@@ -18,7 +18,7 @@ from typing import Any
 from mxmirror.adapter.free_memory import auto_budget
 from mxmirror.adapter.learn import learned_by
 from mxmirror.adapter.reader import load_graph, parse_shapes
-from mxmirror.adapter.symbol import load_symbol
+from mxmirror.adapter.symbol import read_symbol
 from mxmirror.errors import BudgetTooSmall, PlanError
 from mxmirror.ir.graph import BindInputs, Graph, module_default, normalize_grad_req
 from mxmirror.ir.symbol_json import node_table, strip_json
@@ -129,14 +129,13 @@ def _read(symbol: Any, type_dict: dict[str, str] | None, grad_req: Any,
     """The symbol and its bind inputs, checked; the graph read on first use."""
     if not shapes:
         raise PlanError("give the input shapes, e.g. plan(sym, data=(32, 3, 224, 224))")
-    sym = load_symbol(symbol)
-    arguments = sym.list_arguments()
+    sym = read_symbol(symbol)  # MXNet is imported only where no plan is kept for it
+    arguments = sym.arguments
     shapes = parse_shapes(sym, shapes, arguments)
     req = normalize_grad_req(arguments, grad_req, module_default(shapes))
     if all(r == "null" for r in req.values()):  # before any template is learned
         raise PlanError("nothing is trained: no argument gets a gradient, so there is no "
                         "backward pass to plan")
-    text = sym.tojson()
     inputs = BindInputs(shapes, dict(type_dict) if type_dict else None, req)
-    return Prepared(strip_json(text), inputs, lambda: load_graph(
-        sym, shapes, type_dict=type_dict, grad_req=req, strip=True, text=text))
+    return Prepared(strip_json(sym.text), inputs, lambda: load_graph(
+        sym.symbol, shapes, type_dict=type_dict, grad_req=req, strip=True, text=sym.text))

@@ -167,6 +167,31 @@ def test_plan_json_keys(files) -> None:
     assert out["recompute_ratio"] > 0 and out["plan_seconds"] >= 0
 
 
+def test_a_kept_plan_is_printed_without_importing_mxnet(files, tmp_path) -> None:
+    """`plan` of a symbol file planned before (the same text, inputs and policy) prints the
+    same lines without importing MXNet: what MXNet read from the file and the plan are kept.
+    The same file name with another symbol in it is read and planned afresh."""
+    code = ("import sys; from mxmirror.frontends.cli import main; code = main(sys.argv[1:]); "
+            "print('mxnet imported:', 'mxnet' in sys.modules); sys.exit(code)")
+    symbol = tmp_path / "net-symbol.json"
+
+    def plan(shape: str) -> list[str]:
+        proc = subprocess.run([sys.executable, "-c", code, "plan", str(symbol), "--shape",
+                               shape, "--policy", "sqrt"], capture_output=True, text=True,
+                              timeout=300, env=child_env(MXMIRROR_CACHE=str(tmp_path / "c")))
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.splitlines()
+
+    symbol.write_text(files["resnet"].read_text())
+    first = plan("data=4,3,32,32")
+    assert first[-1] == "mxnet imported: True"
+    assert plan("data=4,3,32,32") == first[:-1] + ["mxnet imported: False"]
+    symbol.write_text(files["fc"].read_text())
+    other = plan("data=4,3,32,32")
+    assert other[-1] == "mxnet imported: True" and other[0] != first[0]
+    assert plan("data=4,3,32,32") == other[:-1] + ["mxnet imported: False"]
+
+
 def test_plan_out_binds_in_plain_mxnet(files, tmp_path) -> None:
     out = tmp_path / "planned-symbol.json"
     proc = _cli(["plan", str(files["resnet"]), "--shape", "data=4,3,32,32", "--out",

@@ -28,7 +28,7 @@ from mxmirror.adapter.children import (
     one_more_done,
     run_child,
 )
-from mxmirror.adapter.symbol import load_mxnet
+from mxmirror.adapter.symbol import mxnet_version
 from mxmirror.errors import PlanError
 from mxmirror.ir.graph import INPUT, Graph, Node
 from mxmirror.ir.symbol_json import to_json
@@ -39,7 +39,7 @@ from mxmirror.planning.cache import TEMPLATES, templates_file, write_atomic
 def learned_by() -> dict[str, str]:
     """What decides the templates learned here: the MXNet version and the MKL-DNN switch
     (a plan made with them is only reused under the same)."""
-    return {"mxnet": load_mxnet().__version__,
+    return {"mxnet": mxnet_version(),
             "mkldnn": os.environ.get("MXNET_MKLDNN_ENABLED", "")}
 
 

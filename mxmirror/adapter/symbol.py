@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import importlib.util
 import json
+import os
+import re
 import sys
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from mxmirror.adapter.children import LEARNER, error_line, start_early
 from mxmirror.errors import PlanError
-from mxmirror.planning.cache import templates_kept
+from mxmirror.planning.cache import cache_path, prune, templates_kept, write_atomic
 
 
 def learner_ahead() -> None:
@@ -43,6 +50,11 @@ def load_symbol(source: Any):
             return source
         raise PlanError(f"expected an mx.sym.Symbol, symbol JSON text or a path to a "
                         f"-symbol.json file, not {type(source).__name__}")
+    return _load_json(_json_text(source))
+
+
+def _json_text(source: str | bytes | Path) -> str:
+    """The symbol JSON text of a path or of the text itself, checked to be one."""
     if isinstance(source, bytes):
         try:
             source = source.decode()
@@ -79,11 +91,87 @@ def load_symbol(source: Any):
             raise ValueError("no heads: the symbol has no output")
     except ValueError as exc:
         raise PlanError(f"not an MXNet symbol JSON ({exc}); save one with sym.save()") from None
+    return text
+
+
+def _load_json(text: str):
     mx = load_mxnet()
     try:
         return mx.sym.load_json(text)
     except Exception as exc:  # MXNetError
         raise PlanError(f"MXNet cannot load the symbol: {error_line(exc)}") from None
+
+
+def mxnet_version() -> str:
+    """The installed MXNet's version, read from its files where it is not imported yet (a
+    plan kept on disk is then found without importing MXNet)."""
+    if "mxnet" not in sys.modules:
+        spec = importlib.util.find_spec("mxnet")
+        with contextlib.suppress(OSError, TypeError):
+            found = re.search(r'^__version__ = "([^"]+)"$', (
+                Path(spec.origin).parent / "libinfo.py").read_text(), re.M)
+            if found:
+                return found.group(1)
+    return load_mxnet().__version__
+
+
+@dataclass
+class SymbolText:
+    """A symbol as MXNet reads it: its own tojson(), arguments and auxiliary states (what a
+    plan's key and the checks of the inputs need), answering those as a Symbol does. Kept
+    on disk per symbol text and MXNet version, so that a plan kept for a symbol file is
+    found without importing MXNet; the Symbol itself is made on first use."""
+
+    text: str
+    arguments: list[str]
+    auxiliary: list[str]
+
+    @classmethod
+    def of(cls, sym: Any) -> SymbolText:
+        out = cls(sym.tojson(), sym.list_arguments(), sym.list_auxiliary_states())
+        out.__dict__["symbol"] = sym
+        return out
+
+    def tojson(self) -> str:
+        return self.text
+
+    def list_arguments(self) -> list[str]:
+        return list(self.arguments)
+
+    def list_auxiliary_states(self) -> list[str]:
+        return list(self.auxiliary)
+
+    @cached_property
+    def symbol(self) -> Any:
+        return _load_json(self.text)
+
+
+def read_symbol(source: Any) -> SymbolText:
+    """What MXNet reads from a Symbol, JSON text or file (as load_symbol takes them); for
+    text, from the disk cache where MXNet read the same text before."""
+    if isinstance(source, SymbolText):
+        return source
+    if not isinstance(source, (str, bytes, Path)):
+        return SymbolText.of(load_symbol(source))
+    text = _json_text(source)
+    folder = cache_path()
+    file = None if folder is None else folder / "symbols" / (hashlib.sha256(
+        f"{mxnet_version()}\0{text}".encode()).hexdigest() + ".json")
+    if file is not None and file.exists():
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            kept = json.loads(file.read_text())
+            found = SymbolText(str(kept["text"]), [str(a) for a in kept["arguments"]],
+                               [str(a) for a in kept["auxiliary"]])
+            with contextlib.suppress(OSError):
+                os.utime(file)  # recently used: pruned last
+            return found
+    read = SymbolText.of(_load_json(text))
+    if file is not None:
+        with contextlib.suppress(OSError):
+            write_atomic(file, json.dumps({"text": read.text, "arguments": read.arguments,
+                                           "auxiliary": read.auxiliary}))
+            prune(file.parent)
+    return read
 
 
 # Ops whose body is a subgraph (mx.sym.contrib.foreach / while_loop / cond). mxmirror

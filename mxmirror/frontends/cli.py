@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from mxmirror.adapter.figure import mxnet_mb_many
-from mxmirror.adapter.symbol import load_symbol
+from mxmirror.adapter.symbol import load_symbol, read_symbol
 from mxmirror.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, PlanError
 from mxmirror.progress import task
 
@@ -174,8 +174,7 @@ def _load(args):
         raise PlanError("give at least one --shape NAME=D0,D1,... for the data input")
     shapes = dict(map(_shape, args.shape))
     budget = parse_budget(args.budget)
-    sym = load_symbol(args.symbol)
-    return sym, shapes, _dtype(args), budget
+    return read_symbol(args.symbol), shapes, _dtype(args), budget
 
 
 def cmd_plan(args) -> int:

@@ -7,10 +7,10 @@ file name is a digest of everything that decides the plan: the symbol without mi
 attributes, shapes, dtypes, grad_req, the strategy and budget, the MXNet version and MKLDNN
 switch (they decide the learned templates), a schema number and the source of the whole
 package (any code change plans again). A file holds what the strategy chose, enough to
-rebuild the Plan without searching: the recomputed node ids, checkpoints and bytes, and
-for segmented plans the cuts, tree, each template's simulated memory and the plan's
-description (``segments.make_segment_plan`` rebuilds the rest when the plan is bound: reading
-a plan needs no graph).
+rebuild the Plan without searching: the recomputed node ids, checkpoints and bytes (the
+resident arrays' too), and for segmented plans the cuts, tree, each template's simulated
+memory and the plan's description (``segments.make_segment_plan`` rebuilds the rest when the
+plan is bound: reading a plan needs no graph).
 Files are written atomically (a unique temporary name, then a rename); a file that cannot
 be read is reported once and planned again.
 The folder is bounded: after each write, the least recently used files (by modification
@@ -40,7 +40,7 @@ from mxmirror.segments.cost import SegmentPlan, make_segment_plan
 from mxmirror.segments.cuts import build_segments
 from mxmirror.segments.model import Segments
 
-SCHEMA = 3  # bump when what a file holds changes
+SCHEMA = 4  # bump when what a file holds changes
 MAX_FILES = 1000  # plans kept at most (least recently used ones go first)
 MAX_BYTES = 256 * 2**20  # bytes of plan files kept at most
 
@@ -153,7 +153,8 @@ def _to_record(decision: Decision) -> dict:
     rec = {"schema": SCHEMA, "mirror": sorted(s.recomputed_ids), "planned_bytes": s.planned_bytes,
            "recompute_ratio": s.recompute_ratio, "checkpoints": list(choice.checkpoints),
            "choice_notes": list(choice.notes), "baseline_bytes": decision.baseline_bytes,
-           "notes": list(decision.notes), "segments": None}
+           "notes": list(decision.notes), "resident_bytes": list(decision.resident_bytes),
+           "segments": None}
     if choice.segments is not None:
         sp = choice.segments
         keys = _template_keys(sp.segments)
@@ -190,7 +191,9 @@ def _from_record(rec: dict, analysis: Callable[[], Analysis], nodes: int) -> Dec
         segments = KeptSegments(lambda: _rebuilt(analysis().graph, *kept, score.planned_bytes),
                                 dict(seg["described"]))
     choice = Choice(score, tuple(rec["checkpoints"]), segments, tuple(rec["choice_notes"]))
-    return Decision(choice, int(rec["baseline_bytes"]), tuple(str(x) for x in rec["notes"]))
+    args, grads, aux = (int(b) for b in rec["resident_bytes"])
+    return Decision(choice, int(rec["baseline_bytes"]), tuple(str(x) for x in rec["notes"]),
+                    (args, grads, aux))
 
 
 class KeptSegments:

@@ -32,6 +32,9 @@ class Decision:
     choice: Choice
     baseline_bytes: int
     notes: tuple[str, ...] = ()
+    # arguments, their gradients, aux states: what stays whatever the plan (kept with the
+    # plan, so that what it saves of the whole is said without reading the graph again)
+    resident_bytes: tuple[int, int, int] = (0, 0, 0)
 
 
 def mirror_choice(a: Analysis, mirror: set[int], cuts: list[Cut] = ()) -> Choice:

@@ -3,6 +3,7 @@ is below the best one-recompute plan for the same budget too."""
 
 from __future__ import annotations
 
+from mxmirror.ir.graph import resident_bytes
 from mxmirror.planning import budget_front
 from mxmirror.planning.analysis import Analysis
 from mxmirror.planning.choice import Choice, Decision
@@ -31,7 +32,7 @@ def decide(analysis: Analysis, name: str, budget_bytes: int | None,
                      f"{choice.score.planned_bytes / 2**20:.0f} MB, no plan: "
                      f"{base.planned_bytes / 2**20:.0f} MB): the graph is left as it is")
         choice = Choice(base)
-    return Decision(choice, base.planned_bytes, tuple(notes))
+    return Decision(choice, base.planned_bytes, tuple(notes), resident_bytes(analysis.graph))
 
 
 def _segmented_or_one_recompute(a: Analysis, segmented: Choice,

@@ -135,7 +135,8 @@ class Plan:
                    list(choice.checkpoints), decision.baseline_bytes,
                    choice.score.planned_bytes, choice.score.recompute_ratio, execution,
                    inputs=inputs, source_json=source_json, plan_seconds=plan_seconds,
-                   notes=list(decision.notes), budget=budget)
+                   notes=list(decision.notes), budget=budget,
+                   resident_bytes=decision.resident_bytes)
 
     policy: str
     analysis_of: Callable[[], Analysis] = field(repr=False)
@@ -151,6 +152,7 @@ class Plan:
     plan_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     budget: str | None = None  # the budget planned for and where it came from
+    resident_bytes: tuple[int, int, int] = (0, 0, 0)  # arguments, their gradients, aux states
 
     @cached_property
     def analysis(self) -> Analysis:

@@ -8,7 +8,6 @@ intermediates are a small share of what the process holds, and so is any saving.
 
 from __future__ import annotations
 
-from mxmirror.ir.graph import resident_bytes
 from mxmirror.runtime.plan import Plan
 from mxmirror.tools.viz import fmt_mb
 
@@ -18,7 +17,7 @@ SMALL = 0.10  # a saving below this share of the training memory is said to be s
 def memory_share(plan: Plan) -> list[str]:
     """Lines for `mxmirror plan` / `memory`: the intermediates' share of training memory,
     what the plan saves of it, and whether that is under SMALL."""
-    args, grads, aux = resident_bytes(plan.graph)
+    args, grads, aux = plan.resident_bytes
     total = plan.baseline_bytes + args + grads + aux
     saved = plan.baseline_bytes - plan.planned_bytes
     lines = [f"training memory without a plan: {fmt_mb(total / 2**20)}, of which "
