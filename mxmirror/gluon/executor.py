@@ -8,14 +8,17 @@ first executor of a Parameter on a context writes its gradient array; where othe
 executors train it too (a second call, a tied weight) the second and third get a buffer
 each, the fourth and later share one (sums of 5 and more terms are sequential, so each
 term is added before the next is written).
-What a call holds besides MXNet's own figure are its input and output copies; a plan
-whose saving does not cover them is not bound.
+What a call holds besides MXNet's own figure are its input and output copies and, with
+MKL-DNN on, the default-layout copies the executor's storage fallback keeps (plain Gluon's
+CachedOp frees its own after each op); a plan whose saving does not cover them is not bound.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import weakref
+from functools import cache
 from typing import Any
 
 from mxmirror.adapter.symbol import load_mxnet
@@ -28,6 +31,7 @@ from mxmirror.log import log
 from mxmirror.runtime.aux_order import order_aux_updates
 from mxmirror.runtime.binds import unhooked
 from mxmirror.sim import memory_plan
+from mxmirror.sim.storage_fallback import fallback_bytes
 
 SHARED_AFTER = 4  # the executors of a Parameter from the 4th share one gradient buffer
 
@@ -196,14 +200,30 @@ def size_text(n: float) -> str:
     return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 2**10:.0f} KB"
 
 
+@cache
+def _mkldnn_on() -> bool:
+    """MXNet runs MKL-DNN kernels in this process (built with it, not turned off at start)."""
+    return load_mxnet().runtime.Features().is_enabled("MKLDNN") and \
+        os.environ.get("MXNET_MKLDNN_ENABLED") != "0"
+
+
+def executor_own_bytes(plan: Any) -> int:
+    """What the plan's bound executor keeps outside MXNet's figure: its storage fallback's
+    copies with MKL-DNN on (sim/storage_fallback.py); 0 without MKL-DNN, or for a segmented
+    plan, whose template executors have no single training graph."""
+    tg = plan.training_graph() if _mkldnn_on() else None
+    return 0 if tg is None else fallback_bytes(tg)
+
+
 def choose_plan(owner: Any, symbol: Any, input_shapes: dict, types: dict, reqs: dict,
                 copies: int, others_pending: bool, said: dict) -> tuple[Any, bool]:
     """The plan for the block's graph (None for policy none) and whether to bind it: a
     plan is used only when it saves more than the copies a call holds besides (`copies`
-    bytes); while another call of the block waits for its backward, only when the planned
-    executor and the copies hold less than plain Gluon keeps for one call. One log line
-    per input shape says which, and why (another where a later call decides otherwise);
-    `said` keeps the verdicts logged, by shapes."""
+    bytes) and its executor keeps outside MXNet's figure; while another call of the block
+    waits for its backward, only when the planned executor and those copies hold less than
+    plain Gluon keeps for one call. One log line per input shape says which, and why
+    (another where a later call decides otherwise); `said` keeps the verdicts logged, by
+    shapes."""
     shapes = shapes_text(input_shapes)
     where = f"mxmirror: gluon {owner.block.name} {shapes}"
     if owner.policy == "none":
@@ -215,19 +235,23 @@ def choose_plan(owner: Any, symbol: Any, input_shapes: dict, types: dict, reqs: 
     p = make_plan(symbol, policy=owner.policy, budget=owner.budget, type_dict=types,
                   grad_req=reqs, or_smallest=True, **input_shapes)
     summary = p.summary().replace("mxmirror: ", "")
+    layout = executor_own_bytes(p)
+    held = f"PlannedBlock's input and output copies ({size_text(copies)})"
+    if layout:
+        held = (f"{held} and the MKL-DNN layout copies its executor keeps for ops run "
+                f"without MKL-DNN ({size_text(layout)})")
     if others_pending:
         kept = retained_bytes(p.graph)
-        use = p.planned_bytes + copies < kept
+        use = p.planned_bytes + copies + layout < kept
         why = (f"another call of the block waits for backward(): the planned executor "
-               f"({size_text(p.planned_bytes)}) and the copies ({size_text(copies)}) "
+               f"({size_text(p.planned_bytes)}) and {held} "
                f"{'hold less' if use else 'would hold more'} than plain Gluon keeps for a "
                f"call ({size_text(kept)})")
     else:
         saving = p.baseline_bytes - p.planned_bytes
-        use = saving > copies
+        use = saving > copies + layout
         why = (f"the plan saves {size_text(saving)}, "
-               f"{'more' if use else 'not more'} than PlannedBlock's input and output "
-               f"copies ({size_text(copies)})")
+               f"{'more' if use else 'not more'} than {held}")
     if said.get(shapes) != use:
         said[shapes] = use
         verdict = "planned" if use else "trained unplanned"

@@ -49,6 +49,27 @@ MUST_WRITE = {
     "_contrib_DeformableConvolution", "_contrib_ModulatedDeformableConvolution",
     "_contrib_Proposal", "_contrib_MultiProposal", "Convolution_v1", "BatchNorm_v1",
 }
+# MKL-DNN (MXNet 1.9.1's CPU build): the ops registered with TIsMKLDNN (aliases included),
+# read from its source. Its executor runs every other op by storage fallback
+# (src/executor/attach_op_execs_pass.cc), which keeps a default-layout copy of each input
+# that arrives in MKL-DNN's own blocked layout for the executor's life (a CachedOp makes one
+# per call and frees it). Convolution and Deconvolution choose a blocked layout for their
+# outputs (their backward for the data gradient); the layout-kept ops give their input's.
+MKLDNN_BLOCKED = {"Convolution", "_backward_Convolution", "Deconvolution",
+                  "_backward_Deconvolution"}
+MKLDNN_LAYOUT_KEPT = {
+    "Activation", "_backward_Activation", "LeakyReLU", "_backward_LeakyReLU", "BatchNorm",
+    "_backward_BatchNorm", "_contrib_BatchNormWithReLU", "_backward_contrib_BatchNormWithReLU",
+    "Concat", "concat", "_backward_Concat", "Pooling", "_backward_Pooling", "LRN",
+    "_backward_LRN", "_copy", "identity", "_backward_copy", "elemwise_add", "_add", "_plus",
+    "_Plus", "_backward_add", "add_n", "ElementWiseSum",
+}
+MKLDNN_OPS = MKLDNN_BLOCKED | MKLDNN_LAYOUT_KEPT | {
+    "FullyConnected", "_backward_FullyConnected", "softmax", "_backward_softmax",
+    "log_softmax", "_backward_log_softmax", "SoftmaxOutput", "_backward_SoftmaxOutput",
+    "Reshape", "reshape", "Flatten", "flatten", "transpose", "expand_dims", "slice", "RNN",
+    "_backward_RNN", "amp_cast",
+}
 LOSSES = {"SoftmaxOutput", "LinearRegressionOutput", "LogisticRegressionOutput",
           "MAERegressionOutput", "SVMOutput", "MakeLoss", "make_loss", "softmax_cross_entropy"}
 
