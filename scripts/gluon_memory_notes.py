@@ -8,7 +8,8 @@ figures docs/gluon.md reads that table with.
    3 steps, plain hybridized vs PlannedBlock with its (paying) plan forced unused, 3
    alternating runs each (the peak varies by several MB from run to run).
 3. An executor's memory beyond MXNet's figure: the process's growth over 3 training steps
-   of MXNet's executor bound on the Parameters' arrays, unplanned, vs the CachedOp's.
+   of MXNet's executor bound on the Parameters' arrays, unplanned, vs the CachedOp's, and
+   the MKL-DNN layout copies mxmirror counts for that executor (sim/storage_fallback.py).
 
 Each measurement runs in a child process of its own.
 
@@ -104,23 +105,25 @@ def overhead_child(mode: str) -> None:
                       "used": used}))
 
 
-def executor_child(name: str, how: str) -> None:
+def executor_child(name: str, how: str, batch: str, side: str) -> None:
     import mxnet as mx
     from mxnet import autograd
     from mxnet.gluon.model_zoo import vision
 
+    import mxmirror
     from mxmirror.adapter.children import allocated_mb
+    from mxmirror.gluon.executor import executor_own_bytes
 
     net = vision.get_model(name, classes=10)
     net.initialize(mx.init.Xavier())
     net.hybridize()
-    x = mx.nd.random.uniform(shape=(8, 3, 32, 32))
+    x = mx.nd.random.uniform(shape=(int(batch), 3, int(side), int(side)))
     net(x)
     mx.nd.waitall()
     sym = net(mx.sym.var("data"))
     params = {p.name: p for p in net.collect_params().values()}
     before = _rss()
-    figure = None
+    figure = copies = None
     for _ in range(3):
         if how == "executor":
             if figure is None:
@@ -131,6 +134,8 @@ def executor_child(name: str, how: str) -> None:
                 req = {n: "null" if n == "data" else "write" for n in args}
                 ex = sym.bind(mx.cpu(), args, args_grad=grads, grad_req=req, aux_states=aux)
                 figure = sum(allocated_mb(ex.debug_str()))
+                copies = executor_own_bytes(mxmirror.plan(sym, "none", grad_req=req,
+                                                          data=x.shape)) / 2**20
             ex.forward(is_train=True)
             ex.backward(mx.nd.ones(ex.outputs[0].shape))
         else:
@@ -138,7 +143,8 @@ def executor_child(name: str, how: str) -> None:
                 out = net(x)
             out.backward()
         mx.nd.waitall()
-    print(json.dumps({"growth_mb": _rss() - before, "figure_mb": figure}))
+    print(json.dumps({"growth_mb": _rss() - before, "figure_mb": figure,
+                      "copies_mb": copies if how == "executor" else None}))
 
 
 def child(args: list[str]) -> dict:
@@ -182,14 +188,18 @@ def main(argv: list[str] | None = None) -> None:
               f"3 steps, 3 runs each, alternating): peak RSS {min(unused):.0f} to "
               f"{max(unused):.0f} MB with PlannedBlock, {min(plain):.0f} to {max(plain):.0f} MB "
               f"plain (the least: +{min(unused) - min(plain):.0f} MB).", "",
-              "Growth of the process over 3 training steps at batch 8, 32x32, besides the "
-              "Parameters and their gradients, for MXNet's executor (unplanned, its figure "
-              "beside) and for the CachedOp:", "",
-              "| network | executor MB (MXNet's figure MB) | CachedOp MB |", "|---|---|---|"]
-    for name in ("resnet50_v1", "mobilenetv2_1.0"):
-        ex, cached = (child(["executor", name, how]) for how in ("executor", "cachedop"))
-        lines.append(f"| {name} | {ex['growth_mb']:.0f} ({ex['figure_mb']}) | "
-                     f"{cached['growth_mb']:.0f} |")
+              "Growth of the process over 3 training steps, besides the Parameters and their "
+              "gradients, for MXNet's executor (unplanned; its figure, and the MKL-DNN layout "
+              "copies of its storage fallback that mxmirror counts, beside) and for the "
+              "CachedOp:", "",
+              "| network, batch, image | executor MB (MXNet's figure MB; layout copies counted "
+              "MB) | CachedOp MB |", "|---|---|---|"]
+    for name, batch, side in (("resnet50_v1", 8, 32), ("mobilenetv2_1.0", 8, 32),
+                              ("mobilenetv2_1.0", 16, 224)):
+        ex, cached = (child(["executor", name, how, str(batch), str(side)])
+                      for how in ("executor", "cachedop"))
+        lines.append(f"| {name}, {batch}, {side}x{side} | {ex['growth_mb']:.0f} "
+                     f"({ex['figure_mb']}; {ex['copies_mb']:.0f}) | {cached['growth_mb']:.0f} |")
     write_section(args.out, "gluon_memory_notes", lines)
 
 

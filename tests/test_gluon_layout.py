@@ -37,7 +37,11 @@ PROBE = textwrap.dedent("""
     for i in range(6):  # MobileNetV2's depthwise block: Convolution, BatchNorm, ReLU6
         x = mx.sym.Convolution(x, num_filter=32, kernel=(3, 3), pad=(1, 1), num_group=32,
                                no_bias=True)
-        x = mx.sym.clip(mx.sym.BatchNorm(x), 0, 6)
+        x = mx.sym.BatchNorm(x)
+        if sys.argv[2] == "clip":
+            x = mx.sym.clip(x, 0, 6)
+        else:  # Dropout may write its output in place of its blocked input: two copies
+            x = mx.sym.Dropout(mx.sym.Activation(x, act_type="relu"), p=0.1)
     sym = mx.sym.make_loss(mx.sym.sum(x))
     req = {a: "null" if a == "data" else "write" for a in sym.list_arguments()}
     plan = mxmirror.plan(sym, sys.argv[1], grad_req=req, data=(8, 3, 64, 64))
@@ -56,20 +60,22 @@ PROBE = textwrap.dedent("""
 """)
 
 
-def probe(policy: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", PROBE, policy], capture_output=True,
+def probe(policy: str, op: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", PROBE, policy, op], capture_output=True,
                           text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(not MKLDNN, reason="the copies exist with MKL-DNN on only")
-def test_storage_fallback_copies_are_what_the_executor_grows_by():
+@pytest.mark.parametrize("op", ["clip", "Dropout"])
+def test_storage_fallback_copies_are_what_the_executor_grows_by(op):
     """The sqrt plan's executor holds less than MXNet's figure says it saves (its mirrored
-    clips keep copies too): the difference of the process's growth between the two
-    executors is their figures' difference plus the counted copies', to 4 MB (measured:
-    to 0.1 MB, and 16 MB off without the copies)."""
-    none, sqrt = probe("none"), probe("sqrt")
+    clips keep copies too; its Dropouts write in place): the difference of the process's
+    growth between the two executors is their figures' difference plus the counted
+    copies', to 4 MB (measured: to 0.1 MB; 16 MB off for clip without the copies, 32 MB
+    for Dropout without the outputs written in place)."""
+    none, sqrt = probe("none", op), probe("sqrt", op)
     assert sqrt["mirrored"] and sqrt["copies"] > none["copies"] > 0
     measured = sqrt["growth"] - none["growth"]
     predicted = sqrt["figure"] + sqrt["copies"] - none["figure"] - none["copies"]

@@ -6,8 +6,11 @@ in the default layout; where an input arrives in MKL-DNN's blocked layout (a Con
 output, or a BatchNorm's of it), the bound executor reorders it into a buffer of that node's
 own, kept until the executor is freed (StorageFallbackOpExecutor's pre_temp_buf_ and
 FComputeExExecutor's in_array_fallback in src/executor/attach_op_execs_pass.cc, tag 1.9.1).
-Plain Gluon's CachedOp makes the same copy per call and frees it. A mirror copy of such an
-op is one more node with one more buffer. Measured on model-zoo MobileNetV2 (ReLU6 is
+An output it writes in place of such an input (MXNet's planner gives it the input's
+storage, and the executor asks kWriteInplace, which leaves the layout as it was) is not
+default either: the node keeps a buffer for it too, and casts it back into the blocked
+layout. Plain Gluon's CachedOp makes the same copies per call and frees them. A mirror copy
+of such an op is one more node with more buffers. Measured on model-zoo MobileNetV2 (ReLU6 is
 ``clip``), batch 16, 224x224: the executor's peak RSS less its figure less these buffers is
 the same for no plan and for sqrt within 4 MB (docs/gluon.md).
 """
@@ -15,21 +18,30 @@ the same for no plan and for sqrt within 4 MB (docs/gluon.md).
 from __future__ import annotations
 
 from mxmirror.ir import ops
-from mxmirror.sim.memory_plan import ELEMENT_BYTES
+from mxmirror.sim.memory_plan import ELEMENT_BYTES, simulate
 from mxmirror.sim.training_graph import TrainingGraph
 
 
 def fallback_bytes(tg: TrainingGraph) -> int:
     """Bytes of the default-layout copies a bound executor of `tg` keeps with MKL-DNN on
     (4 bytes an element, as MXNet's figure counts)."""
-    blocked: set[tuple[int, int]] = set()  # (id of a training node, output) in blocked layout
+    storage = simulate(tg).storage  # where MXNet's planner puts each entry
+    blocked: set[int] = set()  # entries in MKL-DNN's blocked layout
     total = 0
     for t in tg.nodes:
         if t.op is None:
             continue
-        arrives = [(id(src), i) in blocked for src, i in t.inputs]
+        inputs = [tg.entry(e) for e in t.inputs]
+        arrives = [e in blocked for e in inputs]
+        outputs = range(t.eid, t.eid + len(t.sizes))
         if t.op in ops.MKLDNN_BLOCKED or (t.op in ops.MKLDNN_LAYOUT_KEPT and any(arrives)):
-            blocked.update((id(t), k) for k in range(len(t.sizes)))
-        if t.op not in ops.MKLDNN_OPS:
-            total += sum(src.sizes[i] for (src, i), b in zip(t.inputs, arrives) if b)
+            blocked.update(outputs)
+        if t.op in ops.MKLDNN_OPS:
+            continue
+        total += sum(src.sizes[i] for (src, i), b in zip(t.inputs, arrives) if b)
+        in_place = {storage[e] for e, b in zip(inputs, arrives) if b and storage[e] >= 0}
+        for k, e in enumerate(outputs):
+            if storage[e] in in_place:
+                total += t.sizes[k]
+                blocked.add(e)
     return total * ELEMENT_BYTES
