@@ -24,7 +24,7 @@ from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
 from mxmirror.gluon.backward import wrap_backward
 from mxmirror.gluon.executor import PlannedExecutor, choose_plan
-from mxmirror.gluon.inputs import CallArgs, dtype_name, nbytes, unsupported
+from mxmirror.gluon.inputs import CallArgs, dtype_name, first_context, nbytes, unsupported
 from mxmirror.log import log
 from mxmirror.log import show as show_log
 from mxmirror.planning.registry import resolve
@@ -101,17 +101,20 @@ class PlannedBlock(load_mxnet().gluon.Block):
     def planned_call(self, args: tuple, kwargs: dict) -> Any:
         """The outputs of a planned call, or None where the block should run itself (its
         plan would not pay). A PlanError says what a planned call cannot take."""
-        given = CallArgs(args, kwargs)
-        why = unsupported(given)
-        if why:
-            raise PlanError(why)
-        ctx = given.arrays[0].context
-        if calls.plain_call_pending(self.block, ctx):  # so are the rest until backward()
+        ctx = first_context((args, list(kwargs.values())))
+        if ctx is not None and calls.plain_call_pending(self.block, ctx):
+            # so are the rest until backward(): checked first, as the cheapest (a loop of
+            # 200 calls of a plan that does not pay takes this path 199 times)
             if not self._said_plain and self._own_fallback != calls.backwards():
                 self._said_plain = True
                 log.info(f"mxmirror: gluon {self.block.name} trained unplanned until "
                          f"backward(): the block itself was called in this record()")
             return None
+        given = CallArgs(args, kwargs)
+        why = unsupported(given)
+        if why:
+            raise PlanError(why)
+        ctx = given.arrays[0].context
         sources = [calls.source_of(x, i) for i, x in enumerate(given.arrays)]
         self._finish_deferred_init(args, kwargs)
         params = self._by_name()

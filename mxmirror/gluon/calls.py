@@ -19,7 +19,7 @@ from typing import Any
 
 from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
-from mxmirror.gluon.inputs import CallArgs, recorded, trained_variable, variable_name
+from mxmirror.gluon.inputs import first_context, recorded, trained_variable, variable_name
 
 lock = threading.RLock()  # around every read or change of the registry
 
@@ -51,9 +51,9 @@ def _note_plain_call(block: Any, inputs: tuple) -> None:
     mx = load_mxnet()
     if not (mx.autograd.is_recording() and mx.autograd.is_training()):
         return
-    arrays = [x for x in CallArgs(inputs, {}).flat if isinstance(x, mx.nd.NDArray)]
-    if arrays:  # not a graph being traced
-        _plain_calls[block][str(arrays[0].context)] = backwards()
+    ctx = first_context(inputs)
+    if ctx is not None:  # not a graph being traced
+        _plain_calls[block][str(ctx)] = backwards()
 
 
 def plain_call_pending(block: Any, ctx: Any) -> bool:
