@@ -105,7 +105,7 @@ class Call:
         mx = load_mxnet()
         self.planned, self.executor, self.sources = planned, executor, sources
         self.outputs = outputs  # what the caller got; the float ones are marked
-        self.marked = [o if _is_float(o) else None for o in outputs]
+        self.marked = [o if is_float(o) else None for o in outputs]
         self.buffers = [None if o is None else mx.nd.empty(o.shape, o.context, dtype=o.dtype)
                         for o in self.marked]
         marked = [(o, b) for o, b in zip(self.marked, self.buffers) if o is not None]
@@ -145,7 +145,8 @@ class Call:
             self.executor.call = None
 
 
-def _is_float(x: Any) -> bool:
+def is_float(x: Any) -> bool:
+    """A float array: the outputs of a call marked for autograd (each with a buffer)."""
     import numpy as np
 
     return np.dtype(x.dtype).kind == "f"
