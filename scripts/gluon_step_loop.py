@@ -2,9 +2,10 @@
 T calls in one record()): plain hybridized vs `mxmirror.enabled(sqrt)`.
 
 Each planned call waits for its backward with its own executor, so a planned loop binds
-T executors (bound once, reused every batch); the hook plans a call beside another
-waiting one only where the planned executor and the call's copies hold less than plain
-Gluon keeps for a call, else the block trains itself. Per configuration and mode a child
+T executors (bound once, reused every batch); the hook plans a loop only where a call's
+planned executor, its copies and their gradients and its Parameters' gradient buffers
+hold less than plain Gluon keeps for a call, else the block trains itself (no executor;
+a call it does not plan should cost plain Gluon's time). Per configuration and mode a child
 process trains 3 batches (SGD) and prints: executors bound, peak RSS, the first step's
 wall time (planning and binding included) and the later steps' wall and CPU time (the
 best of the two).
