@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any
 
 import mxnet as mx
 import numpy as np
@@ -167,38 +166,49 @@ class DecoderStep(gluon.HybridBlock):
         return self.out(self.body(out)), state
 
 
-def decoder_loop(policy=None, hooked=False, steps=2, T=10, B=3) -> dict:
+def decoder_loop(policy=None, hooked=False, steps=2, T=10, B=3, encoder=True, hidden=16,
+                 depth=2, blocks: list | None = None) -> dict:
     """The seq2seq decoder's pattern: the hybridized step block called T times in one
     record(), its state fed from call to call; each step's input a slice of an encoder
     block's output (its gradient summed over the slices) and each step's output in the
-    loss; the encoder's input needs its gradient too."""
+    loss; the encoder's input needs its gradient too. Without the encoder, the slices of
+    an input that needs none (scripts/gluon_step_loop.py's loop). `blocks` gets the step
+    block."""
     mx.random.seed(0)
-    step_block, encoder = DecoderStep(), nn.Dense(6, in_units=4, flatten=False)
+    step_block = DecoderStep(hidden, depth)
+    nets = [step_block] + ([nn.Dense(6, in_units=4, flatten=False)] if encoder else [])
     params = gluon.ParameterDict()
-    for net in (step_block, encoder):
+    for net in nets:
         net.initialize(mx.init.Xavier())
         net.hybridize()
         params.update(net.collect_params())
-    model, encode = step_block, encoder
+    if blocks is not None:
+        blocks.append(step_block)
+    model, encode = step_block, (nets[1] if encoder else None)
     if policy is not None and not hooked:
-        model, encode = PlannedBlock(step_block, policy), PlannedBlock(encoder, policy)
+        model = PlannedBlock(step_block, policy)
+        encode = encode and PlannedBlock(encode, policy)
     trainer = gluon.Trainer(params, "sgd", {"learning_rate": 0.1})
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     rs = np.random.RandomState(0)
     seen = {}
     with mxmirror.enabled(policy) if hooked else contextlib.nullcontext():
         for step in range(steps):
-            x, y = mx.nd.array(rs.rand(T, B, 4)), mx.nd.array(rs.randint(0, 7, (T, B)))
-            x.attach_grad()
+            x = mx.nd.array(rs.rand(T, B, 4 if encoder else 6))
+            y = mx.nd.array(rs.randint(0, 7, (T, B)))
+            if encoder:
+                x.attach_grad()
             with autograd.record():
-                seq = encode(x)
+                seq = encode(x) if encoder else x
                 state = step_block.cell.begin_state(batch_size=B)
                 loss = 0
                 for t in range(T):
                     out, state = model(seq[t], state)
                     loss = loss + loss_fn(out, y[t])
             loss.backward()
-            seen[f"loss{step}"], seen[f"dx{step}"] = loss.asnumpy(), x.grad.asnumpy()
+            seen[f"loss{step}"] = loss.asnumpy()
+            if encoder:
+                seen[f"dx{step}"] = x.grad.asnumpy()
             for k, p in enumerate(params.values()):
                 seen[f"grad{step}.{k}"] = p.grad().asnumpy()
             trainer.step(B)
@@ -218,36 +228,7 @@ def test_decoder_step_loop_like_plain():
     assert_same(decoder_loop("sqrt", hooked=True), plain)
 
 
-def step_loop(policy=None, T=4, steps=2, B=64, hidden=32, depth=8) -> tuple[dict, Any]:
-    """The step block called T times in one record() on inputs that need no gradient (the
-    pattern of scripts/gluon_step_loop.py), its state fed from call to call: every array
-    a user reads, and the hook's PlannedBlock (None plainly)."""
-    mx.random.seed(0)
-    block = DecoderStep(hidden, depth)
-    block.initialize(mx.init.Xavier())
-    block.hybridize()
-    params = list(block.collect_params().values())
-    trainer = gluon.Trainer(block.collect_params(), "sgd", {"learning_rate": 0.1})
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    rs = np.random.RandomState(0)
-    seen = {}
-    with mxmirror.enabled(policy) if policy else contextlib.nullcontext():
-        for step in range(steps):
-            x, y = mx.nd.array(rs.rand(T, B, 6)), mx.nd.array(rs.randint(0, 7, (T, B)))
-            with autograd.record():
-                state = block.cell.begin_state(batch_size=B)
-                loss = 0
-                for t in range(T):
-                    out, state = block(x[t], state)
-                    loss = loss + loss_fn(out, y[t])
-            loss.backward()
-            seen[f"loss{step}"] = loss.asnumpy()
-            for k, p in enumerate(params):
-                seen[f"grad{step}.{k}"] = p.grad().asnumpy()
-            trainer.step(B)
-    for k, p in enumerate(params):
-        seen[f"value{k}"] = p.data().asnumpy()
-    return seen, mxmirror.gluon.hook.planned_for(block)
+LOOP = dict(encoder=False, B=64, hidden=32, depth=8)  # a plan that pays for one call alone
 
 
 def test_step_loop_whose_second_call_would_not_pay_trains_unplanned(caplog):
@@ -263,9 +244,10 @@ def test_step_loop_whose_second_call_would_not_pay_trains_unplanned(caplog):
     log.addHandler(caplog.handler)
     try:
         for T in (3, 4):
-            seen, planned = step_loop("sqrt", T=T)
-            assert planned.executors == [], T
-            assert_same(seen, step_loop(T=T)[0])
+            blocks = []
+            seen = decoder_loop("sqrt", hooked=True, T=T, **LOOP, blocks=blocks)
+            assert mxmirror.gluon.hook.planned_for(blocks[0]).executors == [], T
+            assert_same(seen, decoder_loop(T=T, **LOOP))
     finally:
         log.removeHandler(caplog.handler)
     lines = [r.getMessage() for r in caplog.records if "decoderstep" in r.getMessage()]
@@ -277,9 +259,12 @@ def test_block_called_once_per_record_is_planned_from_its_second():
     """The same block called once per record(): the plan pays for that call, so it is
     bound at the second record() (the first cannot know whether a second call follows)
     and trains like plain Gluon."""
-    seen, planned = step_loop("sqrt", T=1, steps=3, B=256, hidden=16)
-    assert len(planned.executors) == 1 and planned.executors[0].plan.mirrored
-    assert_same(seen, step_loop(T=1, steps=3, B=256, hidden=16)[0])
+    once = dict(LOOP, B=256, hidden=16, T=1, steps=3)
+    blocks = []
+    seen = decoder_loop("sqrt", hooked=True, **once, blocks=blocks)
+    (executor,) = mxmirror.gluon.hook.planned_for(blocks[0]).executors
+    assert executor.plan.mirrored
+    assert_same(seen, decoder_loop(**once))
 
 
 def test_mkldnn_off_bit_identical():
