@@ -6,9 +6,10 @@ T executors (bound once, reused every batch); the hook plans a loop only where a
 planned executor, its copies and their gradients and its Parameters' gradient buffers
 hold less than plain Gluon keeps for a call, else the block trains itself (no executor;
 a call it does not plan should cost plain Gluon's time). Per configuration and mode a child
-process trains 3 batches (SGD) and prints: executors bound, peak RSS, the first step's
-wall time (planning and binding included) and the later steps' wall and CPU time (the
-best of the two).
+process trains 3 batches (SGD; 10 for the small configurations, whose steps take a
+fraction of a second, so that the best of them stands out of a shared machine's noise)
+and prints: executors bound, peak RSS, the first step's wall time (planning and binding
+included) and the later steps' wall and CPU time (the best of them).
 
     python scripts/gluon_step_loop.py [--out docs/gluon.md]
 """
@@ -27,11 +28,12 @@ import time
 from _bootstrap import ROOT
 from provenance import generated_by, write_section
 
-CONFIGS = [  # hidden, batch, Dense layers after the cell, BatchNorm, steps T
-    (256, 32, 4, False, 50), (256, 32, 4, False, 200), (1024, 256, 8, True, 50)]
+CONFIGS = [  # hidden, batch, Dense layers after the cell, BatchNorm, steps T, batches
+    (256, 32, 4, False, 50, 10), (256, 32, 4, False, 200, 10), (1024, 256, 8, True, 50, 3)]
 
 
-def child(hidden: int, batch: int, depth: int, bn: bool, steps: int, mode: str) -> None:
+def child(hidden: int, batch: int, depth: int, bn: bool, steps: int, batches: int,
+          mode: str) -> None:
     import mxnet as mx
     from mxnet import autograd, gluon
     from mxnet.gluon import nn, rnn
@@ -65,7 +67,7 @@ def child(hidden: int, batch: int, depth: int, bn: bool, steps: int, mode: str) 
     y = mx.nd.array(mx.nd.random.randint(0, 50, (steps, batch)))
     wall, cpu = [], []
     with mxmirror.enabled(mode) if mode != "plain" else contextlib.nullcontext():
-        for _ in range(3):
+        for _ in range(batches):
             t, c = time.perf_counter(), time.process_time()
             with autograd.record():
                 state = block.cell.begin_state(batch_size=batch)
@@ -104,22 +106,22 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", default="sqrt")
     ap.add_argument("--out", help="page whose marked section is rewritten")
-    ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=7, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        h, b, d, bn, t, mode = args.child
-        child(int(h), int(b), int(d), bn == "True", int(t), mode)
+        h, b, d, bn, t, n, mode = args.child
+        child(int(h), int(b), int(d), bn == "True", int(t), int(n), mode)
         return
     load = os.getloadavg()[0]
     lines = [generated_by("scripts/gluon_step_loop.py", sys.argv[1:] if argv is None else argv)
              + f" MKL-DNN {'off' if os.environ.get('MXNET_MKLDNN_ENABLED') == '0' else 'on'};"
              f" load average {load:.1f} at the start (2 cores, shared).", "",
              "| step block (LSTM cell + Dense layers), batch, steps T | mode | executors "
-             "bound | peak RSS MB (x plain) | first step wall s | later steps (best of 2) wall s "
+             "bound | peak RSS MB (x plain) | first step wall s | later steps (best) wall s "
              "/ CPU s (x plain) |", "|---|---|---|---|---|---|"]
     said = []
     for config in CONFIGS:
-        hidden, batch, depth, bn, steps = config
+        hidden, batch, depth, bn, steps, _ = config
         name = f"hidden {hidden}, {depth} Dense{'+BN' if bn else ''}, batch {batch}, T={steps}"
         found = {m: run_child(config, m) for m in ("plain", args.policy)}
         plain = found["plain"]
