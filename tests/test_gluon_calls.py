@@ -47,7 +47,7 @@ def dense_bn(dtype="float32"):
     return net
 
 
-def calls(make, policy=None, n=2, steps=3, input_grad=False, shape=(8, 10), by_name=False,
+def calls(make, policy=None, n=2, steps=3, input_grad=False, shape=(128, 10), by_name=False,
           optimizer="sgd", unused=None):
     """Every array a user can read after `steps` Trainer steps whose record() calls the
     block `n` times on different batches: gradients, parameters with BatchNorm
@@ -94,7 +94,7 @@ def calls(make, policy=None, n=2, steps=3, input_grad=False, shape=(8, 10), by_n
 def test_two_and_three_calls_like_plain():
     planned = PlannedBlock(_hybridized(dense_bn), "sqrt")
     with autograd.record():
-        (planned(mx.nd.zeros((8, 10))) + planned(mx.nd.ones((8, 10)))).mean().backward()
+        (planned(mx.nd.zeros((128, 10))) + planned(mx.nd.ones((128, 10)))).mean().backward()
     assert len(planned.executors) == 2
     assert all(ex.plan.mirrored for ex in planned.executors)
     for n in (2, 3):
@@ -174,7 +174,9 @@ class Discriminator(gluon.HybridBlock):
 def dcgan(policy=None, steps=20, batch=8):
     """Gluon's DCGAN loop, unchanged: the discriminator on real and on detached fake data
     in one record(), then the generator through the discriminator (D's input gradient
-    flows into G). Under enabled(policy) both blocks are planned."""
+    flows into G). Under enabled(policy) the generator is planned from its second
+    record(); the discriminator, called twice in a record() where a second planned call
+    would hold more than plain Gluon keeps for it, trains itself."""
     mx.random.seed(0)
     net_g, net_d = Generator(), Discriminator()
     for net in (net_g, net_d):
@@ -204,9 +206,9 @@ def dcgan(policy=None, steps=20, batch=8):
             err_g.backward()
             trainer_g.step(batch)
             losses.append((err_d.mean().asscalar(), err_g.mean().asscalar()))
-    if policy:  # both blocks planned, their plans recompute; D: one executor per call
+    if policy:  # G planned, its plan recomputes; D unplanned
         d, g = (mxmirror.gluon.hook.planned_for(n).executors for n in (net_d, net_g))
-        assert len(d) == 3 and len(g) == 1 and all(ex.plan.mirrored for ex in d + g)
+        assert len(d) == 0 and len(g) == 1 and g[0].plan.mirrored
     values = {f"{i}.{k}": p.data().asnumpy()
               for i, net in enumerate((net_g, net_d))
               for k, p in enumerate(net.collect_params().values())}

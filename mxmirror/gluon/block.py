@@ -23,8 +23,8 @@ import mxmirror.gluon.calls as calls
 from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
 from mxmirror.gluon.backward import wrap_backward
-from mxmirror.gluon.executor import PlannedExecutor, choose_plan
-from mxmirror.gluon.inputs import CallArgs, dtype_name, nbytes, unsupported
+from mxmirror.gluon.executor import PlannedExecutor, choose_plan, new_buffer_bytes
+from mxmirror.gluon.inputs import CallArgs, dtype_name, first_context, nbytes, unsupported
 from mxmirror.log import log
 from mxmirror.log import show as show_log
 from mxmirror.planning.registry import resolve
@@ -57,6 +57,10 @@ class PlannedBlock(load_mxnet().gluon.Block):
         self._said: dict[str, bool] = {}  # input shapes -> the verdict logged for them
         self._collected: dict | None = None  # the block's Parameters by name
         self._said_plain = False  # the line for the block itself beside it
+        self._records: dict[str, list] = {}  # context -> [backward() count, calls of the
+        # block in this record(), the most in an earlier record()]
+        self._loops: dict[tuple, bool] = {}  # (signature, another call pending): a
+        # second call beside a planned one would be planned too
         self._own_fallback = -1  # backward() count when a call of its own ran unplanned
         calls.watch(block)
         wrap_backward()
@@ -101,17 +105,22 @@ class PlannedBlock(load_mxnet().gluon.Block):
     def planned_call(self, args: tuple, kwargs: dict) -> Any:
         """The outputs of a planned call, or None where the block should run itself (its
         plan would not pay). A PlanError says what a planned call cannot take."""
-        given = CallArgs(args, kwargs)
-        why = unsupported(given)
-        if why:
-            raise PlanError(why)
-        ctx = given.arrays[0].context
-        if calls.plain_call_pending(self.block, ctx):  # so are the rest until backward()
+        ctx = first_context((args, list(kwargs.values())))
+        if ctx is not None:
+            self._count_call(str(ctx))
+        if ctx is not None and calls.plain_call_pending(self.block, ctx):
+            # so are the rest until backward(): checked first, as the cheapest (a loop of
+            # 200 calls of a plan that does not pay takes this path 199 times)
             if not self._said_plain and self._own_fallback != calls.backwards():
                 self._said_plain = True
                 log.info(f"mxmirror: gluon {self.block.name} trained unplanned until "
                          f"backward(): the block itself was called in this record()")
             return None
+        given = CallArgs(args, kwargs)
+        why = unsupported(given)
+        if why:
+            raise PlanError(why)
+        ctx = given.arrays[0].context
         sources = [calls.source_of(x, i) for i, x in enumerate(given.arrays)]
         self._finish_deferred_init(args, kwargs)
         params = self._by_name()
@@ -161,16 +170,43 @@ class PlannedBlock(load_mxnet().gluon.Block):
             _, out_shapes, _ = symbol.infer_shape(**shapes)
             _, out_types, _ = symbol.infer_type(**types)
             outs = [mx.nd.empty(s, dtype=t) for s, t in zip(out_shapes, out_types)]
-            copies = nbytes(given.arrays) + nbytes(outs)
+            # a call's own arrays: the input copies and gradients, the output copies and
+            # the gradient buffers of the float ones (calls.Call marks those)
+            copies = nbytes(given.arrays) + nbytes(outs) + nbytes(
+                [x for x, r in zip(given.arrays, reqs) if r != "null"]) + nbytes(
+                [o for o in outs if calls.is_float(o)])
             self._plans[key] = (shapes, types, grad_req, symbol, fmt, copies)
         shapes, types, grad_req, symbol, fmt, copies = self._plans[key]
         if (key, others) not in self._decided:
-            plan, use = choose_plan(self, symbol, shapes, types, grad_req, copies, others,
-                                    self._said)
+            trained = [params[n] for n in symbol.list_arguments()
+                       if n in params and params[n].grad_req != "null"]
+            ctx = given.arrays[0].context
+            # a second call beside this one: its input gradients, a gradient buffer per
+            # trained Parameter (the second executor's)
+            second = None if others else copies + nbytes(
+                [x for x, r in zip(given.arrays, reqs) if r == "null" and calls.is_float(x)]
+            ) + nbytes([p.data(ctx) for p in trained])
+            plan, use, loop = choose_plan(self, symbol, shapes, types, grad_req, copies,
+                                          new_buffer_bytes(trained, ctx), second, others,
+                                          self._said)
             self._decided[key, others] = plan if use else False
+            self._loops[key, others] = loop
             if not use:
                 self._unused[key, others] = plan
-        return self._decided[key, others], symbol, fmt
+        plan = self._decided[key, others]
+        if plan is not False and not self._loops[key, others] and \
+                self._records[key[0]][2] != 1:
+            return False, symbol, fmt  # planned once records() have called it once each
+        return plan, symbol, fmt
+
+    def _count_call(self, ctx: str) -> None:
+        """Count the block's calls per record(): a first call whose plan pays alone but
+        not beside a second one is planned only where no earlier record() called the block
+        more than once (and some record() did call it)."""
+        record = self._records.setdefault(ctx, [-1, 0, 0])
+        if record[0] != calls.backwards():  # a new record()
+            record[:] = [calls.backwards(), 0, max(record[1:])]
+        record[1] += 1
 
     def _executor(self, key: tuple, plan: Any, symbol: Any, given: CallArgs,
                   reqs: tuple, params: dict, ctx: Any) -> PlannedExecutor:

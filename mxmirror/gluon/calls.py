@@ -19,7 +19,7 @@ from typing import Any
 
 from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
-from mxmirror.gluon.inputs import CallArgs, recorded, trained_variable, variable_name
+from mxmirror.gluon.inputs import first_context, recorded, trained_variable, variable_name
 
 lock = threading.RLock()  # around every read or change of the registry
 
@@ -51,9 +51,9 @@ def _note_plain_call(block: Any, inputs: tuple) -> None:
     mx = load_mxnet()
     if not (mx.autograd.is_recording() and mx.autograd.is_training()):
         return
-    arrays = [x for x in CallArgs(inputs, {}).flat if isinstance(x, mx.nd.NDArray)]
-    if arrays:  # not a graph being traced
-        _plain_calls[block][str(arrays[0].context)] = backwards()
+    ctx = first_context(inputs)
+    if ctx is not None:  # not a graph being traced
+        _plain_calls[block][str(ctx)] = backwards()
 
 
 def plain_call_pending(block: Any, ctx: Any) -> bool:
@@ -105,7 +105,7 @@ class Call:
         mx = load_mxnet()
         self.planned, self.executor, self.sources = planned, executor, sources
         self.outputs = outputs  # what the caller got; the float ones are marked
-        self.marked = [o if _is_float(o) else None for o in outputs]
+        self.marked = [o if is_float(o) else None for o in outputs]
         self.buffers = [None if o is None else mx.nd.empty(o.shape, o.context, dtype=o.dtype)
                         for o in self.marked]
         marked = [(o, b) for o, b in zip(self.marked, self.buffers) if o is not None]
@@ -145,7 +145,8 @@ class Call:
             self.executor.call = None
 
 
-def _is_float(x: Any) -> bool:
+def is_float(x: Any) -> bool:
+    """A float array: the outputs of a call marked for autograd (each with a buffer)."""
     import numpy as np
 
     return np.dtype(x.dtype).kind == "f"

@@ -8,7 +8,8 @@ first executor of a Parameter on a context writes its gradient array; where othe
 executors train it too (a second call, a tied weight) the second and third get a buffer
 each, the fourth and later share one (sums of 5 and more terms are sequential, so each
 term is added before the next is written).
-What a call holds besides MXNet's own figure are its input and output copies and, with
+What a call holds besides MXNet's own figure are its input and output copies and their
+gradients, a second to fourth executor of a Parameter its gradient buffers and, with
 MKL-DNN on, the default-layout copies the executor's storage fallback keeps (plain Gluon's
 CachedOp frees its own after each op); a plan whose saving does not cover them is not bound.
 """
@@ -41,6 +42,29 @@ SHARED_AFTER = 4  # the executors of a Parameter from the 4th share one gradient
 _grad_targets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def _buffer_index(p: Any, ctx: Any) -> int | None:
+    """Which gradient buffer of p on ctx an executor bound now writes, or None where it
+    writes `p.grad(ctx)` (no live executor of p on ctx does)."""
+    slot = _grad_targets.get(p, {}).get(str(ctx))
+    writer = slot["writer"]() if slot and slot["writer"] is not None else None
+    if writer is None or not writer.current_for(p):
+        return None
+    return min(len(slot["others"]), SHARED_AFTER - 2)
+
+
+def new_buffer_bytes(trained: list, ctx: Any) -> int:
+    """Bytes of the gradient buffers an executor bound now on ctx would allocate for the
+    Parameters it trains (`trained`): a second, third and fourth executor each add one
+    of every Parameter, the size of its gradient."""
+    total = 0
+    for p in trained:
+        index = _buffer_index(p, ctx)
+        if index is not None:
+            missing = index + 1 - len(_grad_targets[p][str(ctx)]["buffers"])
+            total += max(0, missing) * nbytes([p.data(ctx)])
+    return total
+
+
 def _grad_target(p: Any, ctx: Any, executor: PlannedExecutor) -> tuple[Any, bool]:
     """The array `executor` writes `p`'s gradient into, and whether later executors write
     it too: `p.grad(ctx)` for the first live executor of p on ctx, else a buffer (the 2nd
@@ -48,11 +72,10 @@ def _grad_target(p: Any, ctx: Any, executor: PlannedExecutor) -> tuple[Any, bool
     mx = load_mxnet()
     slot = _grad_targets.setdefault(p, {}).setdefault(
         str(ctx), {"writer": None, "buffers": [], "others": weakref.WeakSet()})
-    writer = slot["writer"]() if slot["writer"] is not None else None
-    if writer is None or not writer.current_for(p):
+    index = _buffer_index(p, ctx)
+    if index is None:
         slot["writer"] = weakref.ref(executor)
         return p.grad(ctx), False
-    index = min(len(slot["others"]), SHARED_AFTER - 2)
     slot["others"].add(executor)
     while len(slot["buffers"]) <= index:
         slot["buffers"].append(mx.nd.zeros(p.shape, ctx, dtype=p.dtype))
@@ -216,45 +239,64 @@ def executor_own_bytes(plan: Any) -> int:
 
 
 def choose_plan(owner: Any, symbol: Any, input_shapes: dict, types: dict, reqs: dict,
-                copies: int, others_pending: bool, said: dict) -> tuple[Any, bool]:
-    """The plan for the block's graph (None for policy none) and whether to bind it: a
-    plan is used only when it saves more than the copies a call holds besides (`copies`
-    bytes) and its executor keeps outside MXNet's figure; while another call of the block
-    waits for its backward, only when the planned executor and those copies hold less than
-    plain Gluon keeps for one call. One log line per input shape says which, and why
-    (another where a later call decides otherwise); `said` keeps the verdicts logged, by
-    shapes."""
+                copies: int, buffers: int, second: int | None, others_pending: bool,
+                said: dict) -> tuple[Any, bool, bool]:
+    """The plan for the block's graph (None for policy none), whether to bind it, and
+    whether a second call beside it would be bound too. A plan is used only when it
+    saves more than what a call holds besides MXNet's figure: its copies (`copies`
+    bytes: inputs, outputs and their gradients), the Parameters' gradient buffers its
+    bind would add (`buffers`: a second to fourth executor of the Parameters) and the
+    layout copies its executor keeps outside MXNet's figure (executor_own_bytes); beside
+    another call waiting for its backward, only when the planned executor, the copies and
+    the buffers hold less than plain Gluon keeps for one call. For a first call, `second`
+    is what a second call would add besides its executor: where that would not be
+    planned, a first call is planned only where earlier record()s called the block once
+    (the caller's rule: a planned call followed by the block itself in one record() sums
+    the Parameters' gradients otherwise than plain Gluon, 3 to 5 terms: measured). One
+    log line per input shape says which, and why (another where a later call decides
+    otherwise); `said` keeps the verdicts logged, by shapes."""
     shapes = shapes_text(input_shapes)
     where = f"mxmirror: gluon {owner.block.name} {shapes}"
     if owner.policy == "none":
         if shapes not in said:
             said[shapes] = True
             log.info(f"{where} policy=none (unplanned executor)")
-        return None, True
+        return None, True, True
     # a budget no plan reaches: the smallest plan, said in its note (the bind hook's rule)
     p = make_plan(symbol, policy=owner.policy, budget=owner.budget, type_dict=types,
                   grad_req=reqs, or_smallest=True, **input_shapes)
     summary = p.summary().replace("mxmirror: ", "")
     layout = executor_own_bytes(p)
-    held = f"PlannedBlock's input and output copies ({size_text(copies)})"
+    extra = f"PlannedBlock's input and output copies and their gradients ({size_text(copies)})"
+    if buffers:
+        extra += f" and the Parameters' gradient buffers ({size_text(buffers)})"
     if layout:
-        held = (f"{held} and the MKL-DNN layout copies its executor keeps for ops run "
-                f"without MKL-DNN ({size_text(layout)})")
+        extra += (f" and the MKL-DNN layout copies its executor keeps for ops run without "
+                  f"MKL-DNN ({size_text(layout)})")
+    kept = retained_bytes(p.graph)
     if others_pending:
-        kept = retained_bytes(p.graph)
-        use = p.planned_bytes + copies + layout < kept
+        use = loop = p.planned_bytes + copies + buffers + layout < kept
         why = (f"another call of the block waits for backward(): the planned executor "
-               f"({size_text(p.planned_bytes)}) and {held} "
+               f"({size_text(p.planned_bytes)}) with {extra} "
                f"{'hold less' if use else 'would hold more'} than plain Gluon keeps for a "
                f"call ({size_text(kept)})")
     else:
         saving = p.baseline_bytes - p.planned_bytes
-        use = saving > copies + layout
+        use = saving > copies + buffers + layout
+        loop = p.planned_bytes + second + layout < kept
         why = (f"the plan saves {size_text(saving)}, "
-               f"{'more' if use else 'not more'} than {held}")
+               f"{'more' if use else 'not more'} than {extra}")
+        if use and not loop:
+            why += (f"; a second call in the same record() would not pay beside it (its "
+                    f"planned executor with its copies and a gradient buffer per Parameter: "
+                    f"{size_text(p.planned_bytes + second + layout)}; plain Gluon keeps "
+                    f"{size_text(kept)} for a call), and a planned call followed by "
+                    f"unplanned ones would not sum the Parameters' gradients as plain Gluon "
+                    f"does: planned from the second record(), where none called the block more "
+                    f"than once")
     if said.get(shapes) != use:
         said[shapes] = use
         verdict = "planned" if use else "trained unplanned"
         notes = p.notes if p.recomputed_ids else []  # else the summary says them
         log.info("; ".join([f"{where} {summary}: {verdict}, {why}", *notes]))
-    return p, use
+    return p, use, loop

@@ -19,7 +19,17 @@ from mxmirror.log import log
 _hook: dict[str, Any] = {}  # "call": HybridBlock.__call__ as MXNet has it
 _planned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # block -> its PlannedBlock
 _reported: weakref.WeakSet = weakref.WeakSet()  # blocks whose unplanned line was logged
+_with_params: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # block -> bool
 _depth = threading.local()  # .inside: within a planned call; .quiet: within an unhybridized one
+
+
+def _has_params(block: Any) -> bool:
+    """The block has Parameters (found once per block: collect_params walks every child
+    and checks its containers, which a loop of 200 calls feels)."""
+    found = _with_params.get(block)
+    if found is None:
+        found = _with_params[block] = bool(block.collect_params().keys())
+    return found
 
 
 def planned_for(block: Any) -> PlannedBlock | None:
@@ -46,7 +56,7 @@ def install(state: Callable[[], tuple[str | None, Any]]) -> None:
         if policy in (None, "none") or getattr(_depth, "inside", False) \
                 or not mx.autograd.is_recording() or not mx.autograd.is_training() \
                 or any(isinstance(a, mx.sym.Symbol) for a in args) \
-                or not self.collect_params().keys():  # a graph being traced; a loss
+                or not _has_params(self):  # a graph being traced; a loss
             return original(self, *args, **kwargs)
         if not self._active:  # its hybridized children may still be planned
             say(self, f"mxmirror: gluon {self.name} is not hybridized: trained unplanned "

@@ -55,6 +55,20 @@ def _flatten(args: Any) -> tuple[list, Any]:
     return [args], (-1 if args is None else 0)
 
 
+def first_context(args: Any) -> Any:
+    """The context of the first NDArray in (nested) arguments, or None: what a call's
+    cheapest checks need, without flattening every argument."""
+    mx = load_mxnet()
+    if isinstance(args, mx.nd.NDArray):
+        return args.context
+    if isinstance(args, (list, tuple)):
+        for a in args:
+            ctx = first_context(a)
+            if ctx is not None:
+                return ctx
+    return None
+
+
 def unsupported(call: CallArgs) -> str | None:
     """Why a recorded call cannot run on a planned executor, or None."""
     mx = load_mxnet()
