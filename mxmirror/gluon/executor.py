@@ -292,11 +292,13 @@ def choose_plan(owner: Any, symbol: Any, input_shapes: dict, types: dict, reqs: 
                     f"{size_text(p.planned_bytes + second + layout)}; plain Gluon keeps "
                     f"{size_text(kept)} for a call), and a planned call followed by "
                     f"unplanned ones would not sum the Parameters' gradients as plain Gluon "
-                    f"does: planned from the second record(), where none called the block more "
-                    f"than once")
+                    f"does: a record() that calls the block more than once trains it "
+                    f"unplanned, and it is planned from the second record() on where each "
+                    f"earlier one called it once")
     if said.get(shapes) != use:
         said[shapes] = use
-        verdict = "planned" if use else "trained unplanned"
+        verdict = ("trained unplanned" if not use else "planned" if loop else
+                   "planned where each record() calls the block once")
         notes = p.notes if p.recomputed_ids else []  # else the summary says them
         log.info("; ".join([f"{where} {summary}: {verdict}, {why}", *notes]))
     return p, use, loop
