@@ -6,7 +6,6 @@ import contextlib
 import hashlib
 import importlib.util
 import json
-import os
 import re
 import sys
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from typing import Any
 
 from mxmirror.adapter.children import LEARNER, error_line, start_early
 from mxmirror.errors import PlanError
-from mxmirror.planning.cache import cache_path, prune, templates_kept, write_atomic
+from mxmirror.planning.cache import cache_path, keep, read_kept, templates_kept
 
 
 def learner_ahead() -> None:
@@ -157,20 +156,17 @@ def read_symbol(source: Any) -> SymbolText:
     folder = cache_path()
     file = None if folder is None else folder / "symbols" / (hashlib.sha256(
         f"{mxnet_version()}\0{text}".encode()).hexdigest() + ".json")
-    if file is not None and file.exists():
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            kept = json.loads(file.read_text())
-            found = SymbolText(str(kept["text"]), [str(a) for a in kept["arguments"]],
-                               [str(a) for a in kept["auxiliary"]])
-            with contextlib.suppress(OSError):
-                os.utime(file)  # recently used: pruned last
-            return found
+    # a kept file that cannot be read: MXNet reads the symbol again, and it is kept anew
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        kept = None if file is None else read_kept(file)
+        if kept is not None:
+            kept = json.loads(kept)
+            return SymbolText(str(kept["text"]), [str(a) for a in kept["arguments"]],
+                              [str(a) for a in kept["auxiliary"]])
     read = SymbolText.of(_load_json(text))
     if file is not None:
-        with contextlib.suppress(OSError):
-            write_atomic(file, json.dumps({"text": read.text, "arguments": read.arguments,
-                                           "auxiliary": read.auxiliary}))
-            prune(file.parent)
+        keep(file, json.dumps({"text": read.text, "arguments": read.arguments,
+                               "auxiliary": read.auxiliary}))
     return read
 
 

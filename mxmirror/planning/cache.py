@@ -101,29 +101,40 @@ def load(key: str | None, analysis: Callable[[], Analysis], nodes: int) -> Decis
     warned once, and the caller plans again and overwrites it). `nodes`: the graph's node
     count; `analysis` is asked for only when a segmented plan is rebuilt."""
     file = _file(key) if key else None
-    if file is None or not file.exists():
+    if file is None:
         return None
     try:
-        rec = json.loads(file.read_text())
-        found = _from_record(rec, analysis, nodes)
-    except FileNotFoundError:  # pruned by another process since exists()
-        return None
+        text = read_kept(file)
+        return None if text is None else _from_record(json.loads(text), analysis, nodes)
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         warnings.warn(f"mxmirror: ignoring an unreadable plan cache file {file.name} "
                       f"({type(exc).__name__}: {exc}); planning again", stacklevel=3)
         return None
-    with contextlib.suppress(OSError):
-        os.utime(file)  # recently used: pruned last
-    return found
 
 
 def save(key: str | None, decision: Decision) -> None:
     """Keep a plan for `key` (nothing when the cache is off; a read-only cache is fine)."""
     file = _file(key) if key else None
-    if file is None:
-        return
+    if file is not None:
+        keep(file, json.dumps(_to_record(decision)))
+
+
+def read_kept(file: Path) -> str | None:
+    """The text of a kept file (a plan, a symbol as MXNet read it), marked recently used so
+    that it is pruned last; None where it is not kept (or another process pruned it)."""
     try:
-        write_atomic(file, json.dumps(_to_record(decision)))
+        text = file.read_text()
+    except FileNotFoundError:
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(file)
+    return text
+
+
+def keep(file: Path, text: str) -> None:
+    """Keep `text` in `file` and bound its folder (prune); a read-only cache keeps nothing."""
+    try:
+        write_atomic(file, text)
         prune(file.parent)
     except OSError:
         pass
