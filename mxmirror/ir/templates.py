@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 Ref = tuple
 
@@ -129,13 +130,20 @@ def signature(op: str, attrs: dict[str, str], in_shapes: list[tuple], aux: list[
     unambiguous among nodes whose shapes coincide the same way (a stride-1 max pooling
     learned where input and output agree must not serve a strided one).
     """
-    kept = {k: v for k, v in sorted(attrs.items())
-            if not k.startswith("__") and k not in SIZE_ATTRS and k != "ctx_group"}
-    shapes = [tuple(s) for s in in_shapes] + [tuple(s) for s in out_shapes]
+    kept = tuple((k, v) for k, v in sorted(attrs.items())
+                 if not k.startswith("__") and k not in SIZE_ATTRS and k != "ctx_group")
+    return _signature(op, kept, tuple(map(tuple, in_shapes)), tuple(aux), tuple(dtypes),
+                      literal, tuple(map(tuple, out_shapes)))
+
+
+@lru_cache(maxsize=4096)  # an unrolled network repeats a few signatures thousands of times
+def _signature(op: str, kept: tuple, in_shapes: tuple, aux: tuple, dtypes: tuple,
+               literal: bool, out_shapes: tuple) -> str:
+    shapes = list(in_shapes + out_shapes)
     same = [[i, j] for i in range(len(shapes)) for j in range(i + 1, len(shapes))
             if shapes[i] == shapes[j]]
-    key = {"op": op, "attrs": kept, "n": len(in_shapes), "aux": aux,
-           "ndim": [len(s) for s in in_shapes], "dtypes": dtypes, "same": same}
+    key = {"op": op, "attrs": dict(kept), "n": len(in_shapes), "aux": list(aux),
+           "ndim": [len(s) for s in in_shapes], "dtypes": list(dtypes), "same": same}
     if literal:
         key["shapes"] = [list(s) for s in in_shapes]
     return json.dumps(key, sort_keys=True)

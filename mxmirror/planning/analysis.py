@@ -86,14 +86,20 @@ class Analysis:
         heads = {h[0] for h in self.graph.heads}
         last = self.last_use
         out: list[tuple[frozenset[int], int]] = []
-        live: dict[int, int] = {}
-        for i, n in enumerate(self.order):
+        live: dict[int, int] = {}  # id -> last position read
+        held: dict[int, int] = {}  # id -> bytes, of the live ones
+        live_bytes = 0  # their sum, kept as they come and go
+        for i, (n, b) in enumerate(zip(self.order, self.node_bytes)):
             if last[n.id] > i and n.id not in heads:
-                live[n.id] = last[n.id]
+                live[n.id], held[n.id] = last[n.id], b
+                live_bytes += b
             for k in [k for k, end in live.items() if end <= i]:
                 del live[k]
-            keep = frozenset(live) | ({n.id} if n.id not in heads else frozenset())
-            out.append((keep, sum(node_bytes(self.graph.nodes[k]) for k in keep)))
+                live_bytes -= held.pop(k)
+            if n.id in heads or n.id in live:
+                out.append((frozenset(live), live_bytes))
+            else:
+                out.append((frozenset(live) | {n.id}, live_bytes + b))
         return out
 
     @cached_property
