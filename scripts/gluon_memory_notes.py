@@ -112,7 +112,7 @@ def executor_child(name: str, how: str, batch: str, side: str) -> None:
 
     import mxmirror
     from mxmirror.adapter.children import allocated_mb
-    from mxmirror.gluon.executor import executor_own_bytes
+    from mxmirror.adapter.layout_copies import executor_own_bytes
 
     net = vision.get_model(name, classes=10)
     net.initialize(mx.init.Xavier())

@@ -28,7 +28,7 @@ PROBE = textwrap.dedent("""
     import mxnet as mx
     import mxmirror
     from mxmirror.adapter.children import allocated_mb
-    from mxmirror.gluon.executor import executor_own_bytes
+    from mxmirror.adapter.layout_copies import executor_own_bytes
 
     def rss():
         return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -40,6 +40,8 @@ PROBE = textwrap.dedent("""
         x = mx.sym.BatchNorm(x)
         if sys.argv[2] == "clip":
             x = mx.sym.clip(x, 0, 6)
+        elif sys.argv[2] == "scale":  # scalar ops on a Convolution's output: copies only
+            x = mx.sym.Activation(x * 0.5 + x * 0.25, act_type="relu")
         else:  # Dropout may write its output in place of its blocked input: two copies
             x = mx.sym.Dropout(mx.sym.Activation(x, act_type="relu"), p=0.1)
     sym = mx.sym.make_loss(mx.sym.sum(x))
@@ -68,13 +70,14 @@ def probe(policy: str, op: str) -> dict:
 
 
 @pytest.mark.skipif(not MKLDNN, reason="the copies exist with MKL-DNN on only")
-@pytest.mark.parametrize("op", ["clip", "Dropout"])
+@pytest.mark.parametrize("op", ["clip", "Dropout", "scale"])
 def test_storage_fallback_copies_are_what_the_executor_grows_by(op):
     """The sqrt plan's executor holds less than MXNet's figure says it saves (its mirrored
-    clips keep copies too; its Dropouts write in place): the difference of the process's
-    growth between the two executors is their figures' difference plus the counted
-    copies', to 4 MB (measured: to 0.1 MB; 16 MB off for clip without the copies, 32 MB
-    for Dropout without the outputs written in place)."""
+    clips keep copies too; its Dropouts write in place), or more (the scalar ops: its figure
+    saves 8 MB, its copies add 68 MB): the difference of the process's growth between the
+    two executors is their figures' difference plus the counted copies', to 4 MB (measured:
+    to 0.1 MB; 16 MB off for clip without the copies, 32 MB for Dropout without the
+    outputs written in place; 4 MB for the scalar ops)."""
     none, sqrt = probe("none", op), probe("sqrt", op)
     assert sqrt["mirrored"] and sqrt["copies"] > none["copies"] > 0
     measured = sqrt["growth"] - none["growth"]
@@ -107,7 +110,7 @@ class DepthwiseChain(gluon.HybridBlock):
 
 def decision(relu6: bool) -> tuple[bool, float]:
     """Whether PlannedBlock(sqrt) uses its plan for the chain, and the copies counted."""
-    from mxmirror.gluon.executor import executor_own_bytes
+    from mxmirror.adapter.layout_copies import executor_own_bytes
 
     net = DepthwiseChain(relu6)
     net.initialize(mx.init.Xavier())
@@ -145,3 +148,56 @@ def test_mkldnn_off_counts_no_layout_copies():
         assert t.decision(relu6=True) == (True, 0)
         print("ok")
     """))
+
+
+MODULE = textwrap.dedent("""
+    import logging, sys
+    sys.path.insert(0, sys.argv[1])
+    import mxnet as mx
+    import mxmirror
+    from mxmirror.frontends import hook
+
+    def chain(kind):
+        x = mx.sym.Convolution(mx.sym.var("data"), num_filter=16, kernel=(3, 3), pad=(1, 1))
+        for _ in range(6):
+            c = mx.sym.Convolution(x, num_filter=16, kernel=(3, 3), pad=(1, 1), num_group=16,
+                                   no_bias=True)
+            x = mx.sym.Activation(c * 0.5 + c * 0.25 if kind == "scale" else
+                                  mx.sym.BatchNorm(c), act_type="relu")
+        x = mx.sym.FullyConnected(mx.sym.flatten(x), num_hidden=4)
+        return mx.sym.SoftmaxOutput(x, name="softmax")
+
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger("mxmirror").addHandler(handler)
+    logging.getLogger("mxmirror").setLevel(logging.INFO)
+    data = mx.io.NDArrayIter(mx.nd.ones((16, 3, 32, 32)), mx.nd.array([0, 1, 2, 3] * 4),
+                             batch_size=8)
+    used = {}
+    for kind in ("scale", "relu"):
+        lines.clear()
+        with mxmirror.enabled("sqrt"):
+            mod = mx.mod.Module(chain(kind), context=mx.cpu())
+            mod.fit(data, eval_data=data, num_epoch=1, eval_metric="acc")
+        (line,) = [m for m in lines if "policy=sqrt" in m]
+        mirrored = any("__force_mirroring__" in str(a) for a in
+                       mod._exec_group.execs[0]._symbol.attr_dict().values())
+        used[kind] = (mirrored, "not used, binding unplanned" in line, line)
+    print(used)
+    assert used["relu"][:2] == (True, False), used
+    assert used["scale"][:2] == ((False, True) if sys.argv[2] == "on" else (True, False)), used
+    print("ok")
+""")
+
+
+def test_the_bind_hook_binds_unplanned_where_layout_copies_eat_the_saving():
+    """Module.fit under enabled("sqrt"): scalar ops on Convolution outputs get a plan whose
+    mirror copies keep more MKL-DNN layout copies than its figure saves (measured above),
+    so the executor is bound unplanned and the log line says why; BatchNorm and ReLU keep
+    MKL-DNN's layout, and their plan is bound. With MKL-DNN off both plans are bound."""
+    proc = subprocess.run([sys.executable, "-c", MODULE, str(ROOT), "on" if MKLDNN else "off"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), \
+        proc.stdout[-2000:] + proc.stderr[-3000:]
+    run_code(MODULE.replace('sys.argv[2] == "on"', "False"))

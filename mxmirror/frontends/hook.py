@@ -3,7 +3,9 @@ training scripts (Module, BucketingModule, several contexts) train with the plan
 
 Planning never breaks the user's run: if it fails, one log line says why and the
 unplanned bind goes ahead. A budget no plan reaches binds the smallest plan (as policy
-``auto`` does), said in the log line: a budget is never a reason to train unplanned.
+``auto`` does), said in the log line: a budget is never a reason to train unplanned. A plan
+whose MKL-DNN layout copies hold what its figure saves binds unplanned, said so: unplanned
+is then the smaller.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from mxmirror.adapter.layout_copies import executor_own_bytes, unplanned_own_bytes
 from mxmirror.adapter.symbol import learner_ahead, load_mxnet
 from mxmirror.api import plan
 from mxmirror.errors import EXIT_BAD_INPUT, PlanError
 from mxmirror.ir.graph import normalize_grad_req
-from mxmirror.log import log
+from mxmirror.log import log, size
 from mxmirror.log import show as _show_log
 from mxmirror.planning.registry import resolve
 from mxmirror.runtime.aux_order import order_aux_updates
@@ -111,11 +114,20 @@ def _plan_for(symbol, policy, budget, grad_req, type_dict, shapes, ctx=None,
         log.warning(f"mxmirror: planning failed, binding unplanned: {why}")
         return None
     line = "; ".join([p.summary(), *(p.notes if p.recomputed_ids else [])])  # else in it
+    use = bool(p.recomputed_ids)
+    if use:  # MKL-DNN's layout copies, outside MXNet's figure (adapter/layout_copies.py)
+        more = executor_own_bytes(p) - unplanned_own_bytes(p)
+        saving = p.baseline_bytes - p.planned_bytes
+        if more > 0 and more >= saving:
+            use = False
+            line += (f"; not used, binding unplanned: the plan saves {size(saving)} of "
+                     f"MXNet's figure, not more than the MKL-DNN layout copies its mirror "
+                     f"copies of ops run without MKL-DNN keep ({size(more)} more)")
     if _state.get("bucket") is not None:  # which bucket of a BucketingModule binds
         given = " ".join(f"{k}={'x'.join(map(str, v))}" for k, v in shapes.items())
         line = line.replace("mxmirror: ", f"mxmirror: bucket {_state['bucket']} {given} ", 1)
     log.info(line)
-    _plans[key] = p if p.recomputed_ids else None
+    _plans[key] = p if use else None
     return _plans[key]
 
 

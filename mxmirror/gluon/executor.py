@@ -17,11 +17,10 @@ CachedOp frees its own after each op); a plan whose saving does not cover them i
 from __future__ import annotations
 
 import json
-import os
 import weakref
-from functools import cache
 from typing import Any
 
+from mxmirror.adapter.layout_copies import executor_own_bytes
 from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.api import plan as make_plan
 from mxmirror.errors import PlanError
@@ -32,7 +31,6 @@ from mxmirror.log import log
 from mxmirror.runtime.aux_order import order_aux_updates
 from mxmirror.runtime.binds import unhooked
 from mxmirror.sim import memory_plan
-from mxmirror.sim.storage_fallback import fallback_bytes
 
 SHARED_AFTER = 4  # the executors of a Parameter from the 4th share one gradient buffer
 
@@ -221,21 +219,6 @@ class PlannedExecutor:
 def size_text(n: float) -> str:
     """Bytes as a log line shows them: MB, or KB below one MB."""
     return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 2**10:.0f} KB"
-
-
-@cache
-def _mkldnn_on() -> bool:
-    """MXNet runs MKL-DNN kernels in this process (built with it, not turned off at start)."""
-    return load_mxnet().runtime.Features().is_enabled("MKLDNN") and \
-        os.environ.get("MXNET_MKLDNN_ENABLED") != "0"
-
-
-def executor_own_bytes(plan: Any) -> int:
-    """What the plan's bound executor keeps outside MXNet's figure: its storage fallback's
-    copies with MKL-DNN on (sim/storage_fallback.py); 0 without MKL-DNN, or for a segmented
-    plan, whose template executors have no single training graph."""
-    tg = plan.training_graph() if _mkldnn_on() else None
-    return 0 if tg is None else fallback_bytes(tg)
 
 
 def choose_plan(owner: Any, symbol: Any, input_shapes: dict, types: dict, reqs: dict,
