@@ -24,7 +24,14 @@ from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
 from mxmirror.gluon.backward import wrap_backward
 from mxmirror.gluon.executor import PlannedExecutor, choose_plan, new_buffer_bytes
-from mxmirror.gluon.inputs import CallArgs, dtype_name, first_context, nbytes, unsupported
+from mxmirror.gluon.inputs import (
+    CallArgs,
+    dtype_name,
+    first_context,
+    nbytes,
+    shapes_text,
+    unsupported,
+)
 from mxmirror.log import log
 from mxmirror.log import show as show_log
 from mxmirror.planning.registry import resolve
@@ -62,6 +69,8 @@ class PlannedBlock(load_mxnet().gluon.Block):
         self._loops: dict[tuple, bool] = {}  # (signature, another call pending): a
         # second call beside a planned one would be planned too
         self._own_fallback = -1  # backward() count when a call of its own ran unplanned
+        self._beside: set[tuple] = set()  # signatures planned beside a planned call though
+        # they do not pay there (the line said once)
         calls.watch(block)
         wrap_backward()
 
@@ -194,6 +203,18 @@ class PlannedBlock(load_mxnet().gluon.Block):
             if not use:
                 self._unused[key, others] = plan
         plan = self._decided[key, others]
+        if plan is False and others:
+            # beside a planned call of this record(): a planned call followed by unplanned
+            # ones sums the Parameters' gradients otherwise than plain Gluon (3 or more
+            # terms), so this one is planned too, though it does not pay
+            if key not in self._beside:
+                self._beside.add(key)
+                log.info(f"mxmirror: gluon {self.block.name} {shapes_text(shapes)} planned "
+                         f"beside the planned call waiting for backward() in this record(), "
+                         f"though it does not pay there: a planned call followed by unplanned "
+                         f"ones would not sum the Parameters' gradients as plain Gluon does; "
+                         f"the next record() trains the block unplanned")
+            return self._unused[key, others], symbol, fmt
         if plan is not False and not self._loops[key, others] and \
                 self._records[key[0]][2] != 1:
             return False, symbol, fmt  # planned once records() have called it once each
