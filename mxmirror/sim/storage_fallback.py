@@ -17,6 +17,9 @@ the same for no plan and for sqrt within 4 MB (docs/gluon.md).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 from mxmirror.ir import ops
 from mxmirror.sim.memory_plan import ELEMENT_BYTES, simulate
 from mxmirror.sim.training_graph import TrainingGraph
@@ -25,23 +28,31 @@ from mxmirror.sim.training_graph import TrainingGraph
 def fallback_bytes(tg: TrainingGraph) -> int:
     """Bytes of the default-layout copies a bound executor of `tg` keeps with MKL-DNN on
     (4 bytes an element, as MXNet's figure counts)."""
+    if not any(any(arrives) for _, _, arrives, _ in _fallback_reads(tg)):
+        return 0  # a ResNet: no simulation needed
     storage = simulate(tg).storage  # where MXNet's planner puts each entry
-    blocked: set[int] = set()  # entries in MKL-DNN's blocked layout
     total = 0
+    for t, inputs, arrives, blocked in _fallback_reads(tg):
+        total += sum(src.sizes[i] for (src, i), b in zip(t.inputs, arrives) if b)
+        in_place = {storage[e] for e, b in zip(inputs, arrives) if b and storage[e] >= 0}
+        for k, e in enumerate(range(t.eid, t.eid + len(t.sizes))):
+            if storage[e] in in_place:
+                total += t.sizes[k]
+                blocked.add(e)
+    return total * ELEMENT_BYTES
+
+
+def _fallback_reads(tg: TrainingGraph) -> Iterator[tuple[Any, list[int], list[bool], set[int]]]:
+    """Each op without an MKL-DNN kernel, its input entries, which of them arrive in
+    MKL-DNN's blocked layout, and the set of blocked entries so far (the caller adds the
+    outputs such an op writes in place of a blocked input)."""
+    blocked: set[int] = set()
     for t in tg.nodes:
         if t.op is None:
             continue
         inputs = [tg.entry(e) for e in t.inputs]
         arrives = [e in blocked for e in inputs]
-        outputs = range(t.eid, t.eid + len(t.sizes))
         if t.op in ops.MKLDNN_BLOCKED or (t.op in ops.MKLDNN_LAYOUT_KEPT and any(arrives)):
-            blocked.update(outputs)
-        if t.op in ops.MKLDNN_OPS:
-            continue
-        total += sum(src.sizes[i] for (src, i), b in zip(t.inputs, arrives) if b)
-        in_place = {storage[e] for e, b in zip(inputs, arrives) if b and storage[e] >= 0}
-        for k, e in enumerate(outputs):
-            if storage[e] in in_place:
-                total += t.sizes[k]
-                blocked.add(e)
-    return total * ELEMENT_BYTES
+            blocked.update(range(t.eid, t.eid + len(t.sizes)))
+        if t.op not in ops.MKLDNN_OPS:
+            yield t, inputs, arrives, blocked
