@@ -32,10 +32,11 @@ def _has_blocked_values(plan: Any) -> bool:
 
 
 def executor_own_bytes(plan: Any) -> int:
-    """The layout copies the plan's bound executor keeps; 0 for a segmented plan, whose
-    template executors have no single training graph."""
-    tg = plan.training_graph() if _has_blocked_values(plan) else None
-    return 0 if tg is None else fallback_bytes(tg)
+    """The layout copies the plan's bound executors keep: the one, or a segmented plan's
+    template executors."""
+    if not _has_blocked_values(plan):
+        return 0
+    return sum(fallback_bytes(tg) for tg in plan.executor_graphs())
 
 
 def unplanned_own_bytes(plan: Any) -> int:

@@ -4,7 +4,8 @@ A plan runs in one of two ways, and callers never need to know which:
 ``MirrorExecution`` (MXNet's own executor, the plan written into the symbol as
 ``__force_mirroring__`` attributes; each recomputed node runs once more) and
 ``SegmentedExecution`` (mxmirror's SegmentedExecutor; segments may run several
-times). Both answer ``bind``, ``training_graph``, ``mxnet_mb`` and ``describe``.
+times). Both answer ``bind``, ``training_graph``, ``executor_graphs``, ``mxnet_mb`` and
+``describe``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from mxmirror.adapter.figure import mxnet_mb_many
 from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
+from mxmirror.ir import backward
 from mxmirror.ir.graph import BindInputs, Graph
 from mxmirror.ir.symbol_json import annotate_json
 from mxmirror.planning.analysis import Analysis
@@ -55,6 +57,9 @@ class MirrorExecution:
 
     def training_graph(self, plan: Plan) -> TrainingGraph | None:
         return training_graph.build(plan.graph, set(plan.recomputed_ids))
+
+    def executor_graphs(self, plan: Plan) -> list[TrainingGraph]:
+        return [training_graph.build(plan.graph, set(plan.recomputed_ids))]
 
     def mxnet_mb(self, plan: Plan) -> float | None:
         inputs = plan.inputs
@@ -102,6 +107,20 @@ class SegmentedExecution:
 
     def training_graph(self, plan: Plan) -> TrainingGraph | None:
         return None  # several executors: no single MXNet training graph
+
+    def executor_graphs(self, plan: Plan) -> list[TrainingGraph]:
+        """One per template executor (a segment key; one graph per structure, shared)."""
+        built: dict[Any, TrainingGraph] = {}
+        out, seen = [], set()
+        for seg in self.segment_plan.segments.segments:
+            if seg.key in seen:
+                continue
+            seen.add(seg.key)
+            if seg.structure not in built:
+                backward.attach(seg.graph)  # as the template executor's bind needs them
+                built[seg.structure] = training_graph.build(seg.graph, set())
+            out.append(built[seg.structure])
+        return out
 
     def mxnet_mb(self, plan: Plan) -> float | None:
         """The whole plan as allocated, measured in a child (measure.py): every array the
@@ -198,6 +217,11 @@ class Plan:
     def training_graph(self) -> TrainingGraph | None:
         """The one MXNet training graph that runs this plan, or None (several executors)."""
         return self.execution.training_graph(self)
+
+    def executor_graphs(self) -> list[TrainingGraph]:
+        """The training graph of every MXNet executor this plan binds: the one, or each
+        template executor's."""
+        return self.execution.executor_graphs(self)
 
     def mxnet_mb(self) -> float | None:
         """MXNet's own figure for this plan, from a bind in a child process (None: not
