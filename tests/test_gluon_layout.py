@@ -27,27 +27,29 @@ PROBE = textwrap.dedent("""
     import json, os, sys
     from pathlib import Path
     import mxnet as mx
-    import mxmirror
     from mxmirror.adapter.children import allocated_mb
     from mxmirror.adapter.layout_copies import executor_own_bytes
+    from mxmirror.api import prepare
 
     def rss():
         return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
+    policy, op, blocks = sys.argv[1], sys.argv[2], int(sys.argv[3])
     x = mx.sym.Convolution(mx.sym.var("data"), num_filter=32, kernel=(3, 3), pad=(1, 1))
-    for i in range(6):  # MobileNetV2's depthwise block: Convolution, BatchNorm, ReLU6
+    for i in range(blocks):  # MobileNetV2's depthwise block: Convolution, BatchNorm, ReLU6
         x = mx.sym.Convolution(x, num_filter=32, kernel=(3, 3), pad=(1, 1), num_group=32,
                                no_bias=True)
-        x = mx.sym.BatchNorm(x)
-        if sys.argv[2] == "clip":
+        if op != "bare scale":  # scalar ops on the Convolution's output itself
+            x = mx.sym.BatchNorm(x)
+        if op == "clip":
             x = mx.sym.clip(x, 0, 6)
-        elif sys.argv[2] == "scale":  # scalar ops on a Convolution's output: copies only
+        elif op.endswith("scale"):  # scalar ops on a blocked value: copies only
             x = mx.sym.Activation(x * 0.5 + x * 0.25, act_type="relu")
         else:  # Dropout may write its output in place of its blocked input: two copies
             x = mx.sym.Dropout(mx.sym.Activation(x, act_type="relu"), p=0.1)
     sym = mx.sym.make_loss(mx.sym.sum(x))
     req = {a: "null" if a == "data" else "write" for a in sym.list_arguments()}
-    plan = mxmirror.plan(sym, sys.argv[1], grad_req=req, data=(8, 3, 64, 64))
+    plan = prepare(sym, grad_req=req, data=(8, 3, 64, 64)).own_plan(policy)
     ex = plan.bind(mx.cpu(), data=(8, 3, 64, 64), grad_req=req)
     for a in ex.arg_arrays:
         a[:] = 0.5
@@ -57,15 +59,17 @@ PROBE = textwrap.dedent("""
         ex.forward(is_train=True)
         ex.backward()
         mx.nd.waitall()
-    print(json.dumps({"growth": (rss() - before) / 2**20, "figure": sum(allocated_mb(ex)),
+    segmented = plan.execution.kind == "segmented"
+    print(json.dumps({"growth": (rss() - before) / 2**20, "segmented": segmented,
+                      "figure": plan.mxnet_mb() if segmented else sum(allocated_mb(ex)),
                       "copies": executor_own_bytes(plan) / 2**20,
-                      "mirrored": len(plan.mirrored)}))
+                      "mirrored": len(plan.mirrored), "templates": len(plan.executor_graphs())}))
 """)
 
 
-def probe(policy: str, op: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", PROBE, policy, op], capture_output=True,
-                          text=True, cwd=ROOT, timeout=600)
+def probe(policy: str, op: str, blocks: int = 6) -> dict:
+    proc = subprocess.run([sys.executable, "-c", PROBE, policy, op, str(blocks)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -86,42 +90,6 @@ def test_storage_fallback_copies_are_what_the_executor_grows_by(op):
     assert abs(measured - predicted) <= 4, (measured, predicted, none, sqrt)
 
 
-SEGMENTED = textwrap.dedent("""
-    import json, os, sys
-    from pathlib import Path
-    import mxnet as mx
-    from mxmirror.adapter.children import allocated_mb
-    from mxmirror.adapter.layout_copies import executor_own_bytes
-    from mxmirror.api import prepare
-
-    def rss():
-        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-    x = mx.sym.Convolution(mx.sym.var("data"), num_filter=32, kernel=(3, 3), pad=(1, 1))
-    for i in range(24):
-        c = mx.sym.Convolution(x, num_filter=32, kernel=(3, 3), pad=(1, 1), num_group=32,
-                               no_bias=True)
-        x = mx.sym.Activation(c * 0.5 + c * 0.25, act_type="relu")
-    sym = mx.sym.make_loss(mx.sym.sum(x))
-    req = {a: "null" if a == "data" else "write" for a in sym.list_arguments()}
-    plan = prepare(sym, grad_req=req, data=(8, 3, 64, 64)).own_plan(sys.argv[1])
-    ex = plan.bind(mx.cpu(), data=(8, 3, 64, 64), grad_req=req)
-    for a in ex.arg_arrays:
-        a[:] = 0.5
-    mx.nd.waitall()
-    before = rss()
-    for _ in range(2):
-        ex.forward(is_train=True)
-        ex.backward()
-        mx.nd.waitall()
-    segmented = plan.execution.kind == "segmented"
-    print(json.dumps({"growth": (rss() - before) / 2**20, "segmented": segmented,
-                      "figure": plan.mxnet_mb() if segmented else sum(allocated_mb(ex)),
-                      "copies": executor_own_bytes(plan) / 2**20,
-                      "templates": len(plan.executor_graphs())}))
-""")
-
-
 @pytest.mark.skipif(not MKLDNN, reason="the copies exist with MKL-DNN on only")
 def test_a_segmented_plans_template_executors_copies_are_counted():
     """A segmented plan's template executors keep copies of their own: counted per template
@@ -130,14 +98,9 @@ def test_a_segmented_plans_template_executors_copies_are_counted():
     layout add, not counted; 52 MB off without the templates' copies). The segmented
     executor's growth is 110 MB in most runs and 134 MB in about one of four (measured):
     the least of three runs is compared."""
-    def child(policy: str) -> dict:
-        proc = subprocess.run([sys.executable, "-c", SEGMENTED, policy], capture_output=True,
-                              text=True, cwd=ROOT, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-
-    none = child("none")
-    seg = min((child("recursive") for _ in range(3)), key=lambda f: f["growth"])
+    none = probe("none", "bare scale", 24)
+    seg = min((probe("recursive", "bare scale", 24) for _ in range(3)),
+              key=lambda f: f["growth"])
     assert seg["segmented"] and seg["templates"] > 1 and seg["copies"] > 0, seg
     measured = none["growth"] - seg["growth"]
     predicted = none["figure"] + none["copies"] - seg["figure"] - seg["copies"]
