@@ -59,7 +59,7 @@ class MirrorExecution:
         return training_graph.build(plan.graph, set(plan.recomputed_ids))
 
     def executor_graphs(self, plan: Plan) -> list[TrainingGraph]:
-        return [training_graph.build(plan.graph, set(plan.recomputed_ids))]
+        return [self.training_graph(plan)]
 
     def mxnet_mb(self, plan: Plan) -> float | None:
         inputs = plan.inputs
