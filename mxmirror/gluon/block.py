@@ -205,8 +205,8 @@ class PlannedBlock(load_mxnet().gluon.Block):
         plan = self._decided[key, others]
         if plan is False and others:
             # beside a planned call of this record(): a planned call followed by unplanned
-            # ones sums the Parameters' gradients otherwise than plain Gluon (3 or more
-            # terms), so this one is planned too, though it does not pay
+            # ones sums the Parameters' gradients otherwise than plain Gluon (for 3 to 5
+            # calls: measured), so this one is planned too, though it does not pay
             if key not in self._beside:
                 self._beside.add(key)
                 log.info(f"mxmirror: gluon {self.block.name} {shapes_text(shapes)} planned "

@@ -18,7 +18,6 @@ from typing import Any
 from mxmirror.adapter.figure import mxnet_mb_many
 from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
-from mxmirror.ir import backward
 from mxmirror.ir.graph import BindInputs, Graph
 from mxmirror.ir.symbol_json import annotate_json
 from mxmirror.planning.analysis import Analysis
@@ -28,7 +27,7 @@ from mxmirror.runtime.binds import unhooked
 from mxmirror.runtime.segmented.executor import SegmentedExecutor
 from mxmirror.runtime.segmented.measure import measure
 from mxmirror.runtime.segmented.sharing import mxnet_bind
-from mxmirror.segments.cost import SegmentPlan
+from mxmirror.segments.cost import SegmentPlan, template_graphs
 from mxmirror.sim import training_graph
 from mxmirror.sim.training_graph import TrainingGraph
 
@@ -109,18 +108,7 @@ class SegmentedExecution:
         return None  # several executors: no single MXNet training graph
 
     def executor_graphs(self, plan: Plan) -> list[TrainingGraph]:
-        """One per template executor (a segment key; one graph per structure, shared)."""
-        built: dict[Any, TrainingGraph] = {}
-        out, seen = [], set()
-        for seg in self.segment_plan.segments.segments:
-            if seg.key in seen:
-                continue
-            seen.add(seg.key)
-            if seg.structure not in built:
-                backward.attach(seg.graph)  # as the template executor's bind needs them
-                built[seg.structure] = training_graph.build(seg.graph, set())
-            out.append(built[seg.structure])
-        return out
+        return list(template_graphs(self.segment_plan.segments).values())
 
     def mxnet_mb(self, plan: Plan) -> float | None:
         """The whole plan as allocated, measured in a child (measure.py): every array the

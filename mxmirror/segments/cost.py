@@ -129,22 +129,33 @@ class SegmentPlan:
                 "statistics_mb": round(self.statistics_bytes / 2**20, 3)}
 
 
-def template_memory(sg: Segments) -> tuple[dict[str, int], dict[str, list[int]]]:
-    """Simulated MXNet planned bytes and block sizes of every template's training graph."""
-    totals, blocks = {}, {}
-    simulated: dict[str, Any] = {}  # structure -> result (templates of one structure)
+def template_graphs(sg: Segments) -> dict[str, training_graph.TrainingGraph]:
+    """Every template executor's training graph, by template key (the templates of one
+    structure share one graph)."""
+    graphs: dict[str, training_graph.TrainingGraph] = {}
+    built: dict[str, training_graph.TrainingGraph] = {}  # by structure
     for seg in sg.segments:
-        if seg.key in totals:
+        if seg.key in graphs:
             continue
-        res = simulated.get(seg.structure)
-        if res is None:
+        if seg.structure not in built:
             g = seg.graph
             if g.templates is None:
                 raise ValueError("the graph has no templates: load it with the adapter")
             backward.attach(g)
-            res = simulated[seg.structure] = memory_plan.simulate(training_graph.build(g, set()))
-        totals[seg.key] = res.total_bytes
-        blocks[seg.key] = list(res.block_bytes)
+            built[seg.structure] = training_graph.build(g, set())
+        graphs[seg.key] = built[seg.structure]
+    return graphs
+
+
+def template_memory(sg: Segments) -> tuple[dict[str, int], dict[str, list[int]]]:
+    """Simulated MXNet planned bytes and block sizes of every template's training graph."""
+    totals, blocks = {}, {}
+    simulated: dict[int, Any] = {}  # id of a shared graph -> its result
+    for key, tg in template_graphs(sg).items():
+        if id(tg) not in simulated:
+            simulated[id(tg)] = memory_plan.simulate(tg)
+        totals[key] = simulated[id(tg)].total_bytes
+        blocks[key] = list(simulated[id(tg)].block_bytes)
     return totals, blocks
 
 
