@@ -120,7 +120,9 @@ def test_progress_lines_with_stderr_a_pipe(tmp_path) -> None:
     sym_file = tmp_path / "resnet20-symbol.json"
     resnet_by_depth(20, bottleneck=False, num_classes=10, image_shape=(3, 32, 32)).save(
         str(sym_file))
-    interval = 0.05  # planning here takes well over 0.2 s (100+ plans scored)
+    # planning here takes well over 0.2 s (100+ plans scored), learning some 0.05 s (the
+    # learner child answers, then ends without MXNet's teardown)
+    interval = 0.01
     proc = subprocess.Popen([*cli_child(interval), "plan", str(sym_file), "--shape",
                              "data=8,3,32,32", "--policy", "budget", "--budget", "8MB"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

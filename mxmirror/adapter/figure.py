@@ -10,7 +10,7 @@ import json
 import sys
 from typing import Any
 
-from mxmirror.adapter.children import ChildFailed, allocated_mb, run_child
+from mxmirror.adapter.children import ChildFailed, allocated_mb, finish, run_child
 from mxmirror.adapter.symbol import load_symbol
 from mxmirror.errors import PlanError
 from mxmirror.ir.graph import module_default, normalize_grad_req
@@ -59,7 +59,7 @@ def _child_bind() -> None:
     ex = sym.simple_bind(mx.cpu(), grad_req=job["grad_req"], type_dict=job.get("type_dict"),
                          **{k: tuple(v) for k, v in job["shapes"].items()})
     lines = [ln for ln in ex.debug_str().splitlines() if ln.startswith("Total")]
-    print("\n".join(lines))
+    finish("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from mxmirror.adapter.children import (
     LEARNER,
     ChildFailed,
     error_line,
+    finish,
     last_json,
     one_more_done,
     run_child,
@@ -253,7 +254,7 @@ def _child_main() -> None:
     finally:
         os.dup2(saved, 2)
         os.unlink(log.name)
-    print(json.dumps(results))
+    finish(json.dumps(results))
 
 
 def _bind_once(mx, spec: dict, heads: list[int], logname: str):

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mxmirror.adapter.children import ChildFailed, allocated_mb, last_json, run_child
+from mxmirror.adapter.children import ChildFailed, allocated_mb, finish, last_json, run_child
 from mxmirror.errors import PlanError
 from mxmirror.runtime.segmented.steps import array_bytes
 from mxmirror.segments.cost import pool_blocks
@@ -96,7 +96,7 @@ def _child(path: str) -> None:
                  "kept": sp.dry.peak_bytes, "total": sp.planned_bytes}
     user = sum(array_bytes(a) for d in (ex.arg_dict, ex.grad_dict, ex.aux_dict)
                for a in d.values() if a is not None)
-    print(json.dumps({"measured_mb": _mb(measured), "user_mb": round(user / 2**20, 3),
+    finish(json.dumps({"measured_mb": _mb(measured), "user_mb": round(user / 2**20, 3),
                       "predicted_mb": _mb(predicted), "measured_bytes": measured,
                       "predicted_bytes": predicted, "user_bytes": user,
                       "template_mxnet_mb": figures, "steps": steps}))
