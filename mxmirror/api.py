@@ -29,6 +29,7 @@ from mxmirror.planning.decide import decide
 from mxmirror.planning.registry import BUDGETED, NEEDS_BUDGET, parse_budget, resolve
 from mxmirror.progress import scoring, task
 from mxmirror.runtime.plan import Plan
+from mxmirror.sim.memory_plan import gc_paused
 
 __all__ = ["Prepared", "parse_budget", "plan", "prepare"]
 
@@ -46,10 +47,15 @@ class Prepared:
     @cached_property
     def analysis(self) -> Analysis:
         start = time.perf_counter()
-        with task("reading and analysing the graph"):
+        with task("reading and analysing the graph"), gc_paused():
             analysis = Analysis(self.read_graph())
         self.seconds += time.perf_counter() - start
         return analysis
+
+    def release(self) -> None:
+        """Forget the analysed graph, most of what planning holds (read again if asked for):
+        a plan kept for its binds (the bind hook's, one per bucket) holds no graph."""
+        self.__dict__.pop("analysis", None)
 
     @cached_property
     def nodes(self) -> list[tuple[str, str]]:
@@ -76,6 +82,11 @@ class Prepared:
 
     def _plan(self, policy: str, budget: Any, never_worse: bool,
               budget_source: str | None = None, or_smallest: bool = False) -> Plan:
+        with gc_paused():  # planning makes ~10^5 objects freed by reference counts
+            return self._plan_now(policy, budget, never_worse, budget_source, or_smallest)
+
+    def _plan_now(self, policy: str, budget: Any, never_worse: bool,
+                  budget_source: str | None, or_smallest: bool) -> Plan:
         name, budget_bytes = resolve(policy, budget)
         or_smallest = or_smallest and name in NEEDS_BUDGET
         start, read = time.perf_counter(), self.seconds  # reading the graph here: counted once
@@ -97,7 +108,8 @@ class Prepared:
         if budget_bytes is not None and name in BUDGETED:
             label = f"{size(budget_bytes, 0)} ({budget_source or 'given'})"
         return Plan.of(name, lambda: self.analysis, self.nodes, decision, self.inputs,
-                       self.source_json, read + time.perf_counter() - start, label)
+                       self.source_json, read + time.perf_counter() - start, label,
+                       self.release)
 
 
 def plan(symbol: Any, policy: str = "sqrt", budget: Any = None,

@@ -167,7 +167,8 @@ def _ptb_lm(seq_len: int) -> mx.sym.Symbol:
     return ptb_lm(seq_len, VOCAB, num_layers=2, num_hidden=LM_HIDDEN, num_embed=8)
 
 
-def _train_buckets(make, policy: str) -> tuple[mx.mod.BucketingModule, list, dict]:
+def _train_buckets(make, policy: str, buckets: tuple[int, ...] = BUCKETS
+                   ) -> tuple[mx.mod.BucketingModule, list, dict]:
     """Bucketing training from seeded parameters over buckets of both size orders: the
     initial parameters, the outputs of every step, and the parameters at the end."""
     def sym_gen(seq_len):
@@ -177,14 +178,14 @@ def _train_buckets(make, policy: str) -> tuple[mx.mod.BucketingModule, list, dic
     mx.random.seed(0)
     outputs = []
     with mxmirror.enabled(policy):
-        mod = mx.mod.BucketingModule(sym_gen, default_bucket_key=max(BUCKETS),
+        mod = mx.mod.BucketingModule(sym_gen, default_bucket_key=max(buckets),
                                      context=mx.cpu())
-        mod.bind(data_shapes=[("data", (LM_BATCH, max(BUCKETS)))],
-                 label_shapes=[("softmax_label", (LM_BATCH, max(BUCKETS)))])
+        mod.bind(data_shapes=[("data", (LM_BATCH, max(buckets)))],
+                 label_shapes=[("softmax_label", (LM_BATCH, max(buckets)))])
         mod.init_params(initializer=mx.init.Xavier())
         outputs.append({k: v.asnumpy() for k, v in mod.get_params()[0].items()})
         mod.init_optimizer(optimizer="sgd", optimizer_params={"learning_rate": 0.1})
-        for key in (*BUCKETS, *BUCKETS[::-1]):
+        for key in (*buckets, *buckets[::-1]):
             data = mx.nd.array(rng.randint(0, VOCAB, (LM_BATCH, key)))
             label = mx.nd.array(rng.randint(0, VOCAB, (LM_BATCH, key)))
             db = mx.io.DataBatch(
@@ -231,6 +232,51 @@ def test_bucketing_module_all_buckets_planned(make) -> None:
         np.testing.assert_array_equal(params[k], base_params[k], err_msg=f"trained {k}")
     assert any(not np.allclose(base_init[k], base_params[k]) for k in base_params), \
         "training must move the parameters"
+
+
+def test_a_bucket_that_fits_the_default_buckets_memory_binds_unplanned() -> None:
+    """A further bucket whose unplanned storage fits the pool of the default bucket's
+    executor, which it shares, allocates nothing a plan would save: it binds unplanned, said
+    so; a larger one is planned; training equals the unplanned run's bit for bit."""
+    from mxmirror.frontends import hook
+    from mxmirror.sim.shared_pool import fit
+
+    buckets = (4, 10, 12)  # 12 is the default; 4 fits its planned pool, 10 does not
+    _, (base_init, *base_outputs), base_params = _train_buckets(_ptb_lm, "none", buckets)
+    hook._logged.clear()  # each line again, though an earlier test bound these keys
+    with log_lines() as lines:
+        mod, (init, *outputs), params = _train_buckets(_ptb_lm, "sqrt", buckets)
+    by_bucket = {int(m.group(1)): line for line in lines
+                 if (m := re.match(r"mxmirror: bucket (\d+) ", line))}
+    assert sorted(by_bucket) == sorted(buckets), lines
+    fits = "not used, binding unplanned: unplanned it allocates"
+    assert fits in by_bucket[4] and fits not in by_bucket[10] + by_bucket[12], lines
+    mirrored = {k: _mirrored(mod._buckets[k]._exec_group.execs[0]) for k in buckets}
+    assert mirrored == {4: False, 10: True, 12: True}
+    # what the rule compared, for bucket 4 beside the default's planned pool, and for 10
+    plan = {k: mxmirror.plan(_ptb_lm(k), "sqrt", data=(LM_BATCH, k),
+                             softmax_label=(LM_BATCH, k)) for k in buckets}
+    pool = list(plan[12].planned_blocks)
+    for k, fits_it in ((4, True), (10, False)):  # in the order they bind
+        unplanned = fit(pool, plan[k].baseline_blocks)[1]
+        planned = fit(pool, plan[k].planned_blocks)[1]
+        assert (sum(unplanned) <= sum(planned)) is fits_it, k
+        pool += unplanned if fits_it else planned  # what the bind adds to the pool
+    for step, (got, want) in enumerate(zip(outputs, base_outputs)):
+        np.testing.assert_array_equal(got, want, err_msg=f"step {step}")
+    for k in base_init:
+        np.testing.assert_array_equal(init[k], base_init[k], err_msg=f"initial {k}")
+        np.testing.assert_array_equal(params[k], base_params[k], err_msg=f"trained {k}")
+
+
+def test_a_shared_pool_is_matched_largest_first_by_the_smallest_array_that_fits() -> None:
+    """As GraphExecutor::InitDataEntryMemory: each block, largest first, takes the smallest
+    free array at least its size; what finds none is allocated anew."""
+    from mxmirror.sim.shared_pool import fit
+
+    assert fit([10, 4, 4], [4, 9, 5]) == ([10, 4], [5])
+    assert fit([], [3, 1]) == ([], [3, 1])
+    assert fit([8, 8], [8, 8, 8]) == ([8, 8], [8])
 
 
 # ------------------------------------------------------------------ Symbol.bind / simple_bind

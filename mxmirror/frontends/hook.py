@@ -5,7 +5,9 @@ Planning never breaks the user's run: if it fails, one log line says why and the
 unplanned bind goes ahead. A budget no plan reaches binds the smallest plan (as policy
 ``auto`` does), said in the log line: a budget is never a reason to train unplanned. A plan
 whose MKL-DNN layout copies hold what its figure saves binds unplanned, said so: unplanned
-is then the smaller.
+is then the smaller. So does a bind sharing another executor's memory (a BucketingModule's
+further bucket) that unplanned allocates no more beside it than planned (sim/shared_pool):
+the plan would only add its recomputation.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import hashlib
 import json
 import os
 import sys
+import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from mxmirror.adapter.layout_copies import executor_own_bytes, unplanned_own_bytes
 from mxmirror.adapter.symbol import learner_ahead, load_mxnet
@@ -30,9 +33,12 @@ from mxmirror.runtime.aux_order import order_aux_updates
 from mxmirror.runtime.binds import UNHOOKED as _originals
 from mxmirror.runtime.plan import Plan
 from mxmirror.runtime.segmented.sharing import mxnet_bind
+from mxmirror.sim import shared_pool
 
 _state: dict[str, Any] = {"policy": None, "budget": None}
-_plans: dict[str, Plan | None] = {}  # plan key -> plan (None: nothing to recompute)
+_plans: dict[str, tuple[Plan, str]] = {}  # plan key -> plan, and why it is not used ("": it is)
+_logged: set[tuple[str, str]] = set()  # (plan key, log line) said once
+_pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # executor -> its blocks
 _failed: dict[str, str] = {}  # plan key -> why planning failed (warned once)
 
 
@@ -70,7 +76,7 @@ def simple_bind(symbol: Any, ctx: Any, policy: str = "sqrt", budget: Any = None,
     """Symbol.simple_bind with a plan; same arguments plus the plan's."""
     _install()
     p = _plan_for(symbol, policy, budget, kwargs.get("grad_req", "write"),
-                  kwargs.get("type_dict"), _shape_kwargs(kwargs), ctx, strict=True)
+                  kwargs.get("type_dict"), _shape_kwargs(kwargs), ctx, strict=True).plan
     if p is None:
         return order_aux_updates(mxnet_bind(_originals["simple_bind"], symbol, ctx, **kwargs))
     return p.bind(ctx, symbol=symbol, **kwargs)
@@ -82,16 +88,26 @@ def _shape_kwargs(kwargs: dict) -> dict:
     return {k: v for k, v in kwargs.items() if k not in named}
 
 
+class Bound(NamedTuple):
+    """What a bind runs: the plan (None: the user's own symbol) and the storage blocks of
+    MXNet's executor for it (None: not known), which a bind sharing its memory matches."""
+
+    plan: Plan | None
+    blocks: tuple[int, ...] | None
+
+
 def _plan_for(symbol, policy, budget, grad_req, type_dict, shapes, ctx=None,
-              strict=False) -> Plan | None:
-    """The plan for `symbol` (cached per graph, shapes, grad_req and policy), or None when
-    there is nothing to plan or (unless strict) planning failed. Policy ``auto`` measures
-    the free memory of `ctx` at the first bind of the graph."""
+              strict=False, pool: list[int] | None = None) -> Bound:
+    """What to bind for `symbol`: its plan (made once per graph, shapes, grad_req and
+    policy), or unplanned where there is nothing to plan, (unless strict) planning failed, or
+    a rule below finds the plan costs more than it saves. ``pool``: the blocks of the executor
+    whose memory the bind shares. Policy ``auto`` measures the free memory of `ctx` at the
+    first bind of the graph."""
     if policy in (None, "none"):
-        return None
+        return Bound(None, None)
     if grad_req == "null" or (isinstance(grad_req, dict)
                               and all(v == "null" for v in grad_req.values())):
-        return None  # inference: nothing to recompute
+        return Bound(None, None)  # inference: nothing to recompute
     key = None
     try:
         text = symbol.tojson()
@@ -99,12 +115,13 @@ def _plan_for(symbol, policy, budget, grad_req, type_dict, shapes, ctx=None,
                                               for k, v in shapes.items()),
                                        grad_req, type_dict and sorted(type_dict.items()),
                                        policy, str(budget)], default=str).encode()).hexdigest()
-        if key in _plans:
-            return _plans[key]
         if key in _failed:  # warned once already; do not plan (or learn) again
-            return None
-        p = plan(symbol, policy=policy, budget=budget, type_dict=type_dict, grad_req=grad_req,
-                 ctx=ctx, or_smallest=not strict, **shapes)
+            return Bound(None, None)
+        if key not in _plans:
+            p = plan(symbol, policy=policy, budget=budget, type_dict=type_dict,
+                     grad_req=grad_req, ctx=ctx, or_smallest=not strict, **shapes)
+            _plans[key] = p, _layout_copies_outweigh(p)
+            p.release()  # what is kept for later binds of the key holds no graph
     except Exception as exc:  # never break the user's script
         if strict:
             raise
@@ -112,23 +129,60 @@ def _plan_for(symbol, policy, budget, grad_req, type_dict, shapes, ctx=None,
         if key is not None:
             _failed[key] = why
         log.warning(f"mxmirror: planning failed, binding unplanned: {why}")
-        return None
+        return Bound(None, None)
+    p, why_not = _plans[key]
+    if p.recomputed_ids and not why_not and pool is not None:
+        why_not = _fits_shared_pool(p, pool)
     line = "; ".join([p.summary(), *(p.notes if p.recomputed_ids else [])])  # else in it
-    use = bool(p.recomputed_ids)
-    if use:  # MKL-DNN's layout copies, outside MXNet's figure (adapter/layout_copies.py)
-        more = executor_own_bytes(p) - unplanned_own_bytes(p)
-        saving = p.baseline_bytes - p.planned_bytes
-        if more > 0 and more >= saving:
-            use = False
-            line += (f"; not used, binding unplanned: the plan saves {size(saving)} of "
-                     f"MXNet's figure, not more than the MKL-DNN layout copies its mirror "
-                     f"copies of ops run without MKL-DNN keep ({size(more)} more)")
+    if why_not:
+        line += f"; not used, binding unplanned: {why_not}"
     if _state.get("bucket") is not None:  # which bucket of a BucketingModule binds
         given = " ".join(f"{k}={'x'.join(map(str, v))}" for k, v in shapes.items())
         line = line.replace("mxmirror: ", f"mxmirror: bucket {_state['bucket']} {given} ", 1)
-    log.info(line)
-    _plans[key] = p if use else None
-    return _plans[key]
+    if (key, line) not in _logged:
+        _logged.add((key, line))
+        log.info(line)
+    use = bool(p.recomputed_ids) and not why_not
+    return Bound(p if use else None, (p.planned_blocks if use else p.baseline_blocks) or None)
+
+
+def _layout_copies_outweigh(p: Plan) -> str:
+    """Why `p` is not used where MKL-DNN's layout copies (outside MXNet's figure,
+    adapter/layout_copies.py) hold what its figure saves; "" where they do not."""
+    if not p.recomputed_ids:
+        return ""
+    more = executor_own_bytes(p) - unplanned_own_bytes(p)
+    saving = p.baseline_bytes - p.planned_bytes
+    if more > 0 and more >= saving:
+        return (f"the plan saves {size(saving)} of MXNet's figure, not more than the MKL-DNN "
+                f"layout copies its mirror copies of ops run without MKL-DNN keep "
+                f"({size(more)} more)")
+    return ""
+
+
+def _fits_shared_pool(p: Plan, pool: list[int]) -> str:
+    """Why `p` is not used where the bind shares an executor's memory (a BucketingModule's
+    further bucket) and unplanned it allocates no more beside it than planned; "" else."""
+    if not p.planned_blocks or not p.baseline_blocks:
+        return ""
+    unplanned = sum(shared_pool.fit(pool, p.baseline_blocks)[1])
+    planned = sum(shared_pool.fit(pool, p.planned_blocks)[1])
+    if unplanned > planned:
+        return ""
+    return (f"unplanned it allocates {size(unplanned)} beside the memory of the executor it "
+            f"shares ({size(planned)} planned): the plan would only add its recomputation")
+
+
+def _track(executor: Any, bound: Bound, shared_exec: Any) -> None:
+    """Keep the blocks `executor` holds, and add what it allocated to the pool of the
+    executor it shares (as MXNet does), for the binds that share it later."""
+    pool = [] if shared_exec is None else _pools.get(shared_exec)
+    if bound.blocks is None or pool is None:
+        return
+    taken, new = shared_pool.fit(pool, bound.blocks)
+    pool.extend(new)
+    with contextlib.suppress(TypeError):  # an executor that takes no weak reference
+        _pools[executor] = taken + new
 
 
 def _install() -> None:
@@ -143,23 +197,26 @@ def _install() -> None:
     def simple_bind_hook(self, ctx, grad_req="write", type_dict=None, stype_dict=None,
                          group2ctx=None, shared_arg_names=None, shared_exec=None,
                          shared_buffer=None, **kwargs):
-        p = _plan_for(self, _state["policy"], _state["budget"], grad_req, type_dict, kwargs, ctx)
+        bound = _plan_for(self, _state["policy"], _state["budget"], grad_req, type_dict,
+                          kwargs, ctx, pool=_pool_of(shared_exec))
         return _ordered(_bind_or_fall_back(
-            p, _originals["simple_bind"], self, ctx, grad_req=grad_req, type_dict=type_dict,
-            stype_dict=stype_dict, group2ctx=group2ctx, shared_arg_names=shared_arg_names,
-            shared_exec=shared_exec, shared_buffer=shared_buffer, **kwargs))
+            bound, _originals["simple_bind"], self, ctx, grad_req=grad_req,
+            type_dict=type_dict, stype_dict=stype_dict, group2ctx=group2ctx,
+            shared_arg_names=shared_arg_names, shared_exec=shared_exec,
+            shared_buffer=shared_buffer, **kwargs))
 
     def bind_hook(self, ctx, args, args_grad=None, grad_req="write", aux_states=None,
                   group2ctx=None, shared_exec=None):
-        p = None
+        bound = Bound(None, None)
         try:
             if _state["policy"] not in (None, "none") and args_grad is not None:
                 req, types, shapes = _bind_inputs(self, args, args_grad, grad_req)
-                p = _plan_for(self, _state["policy"], _state["budget"], req, types, shapes, ctx)
+                bound = _plan_for(self, _state["policy"], _state["budget"], req, types, shapes,
+                                  ctx, pool=_pool_of(shared_exec))
         except Exception as exc:  # never break the user's script
             log.warning(f"mxmirror: cannot read the bind arguments ({type(exc).__name__}: "
                         f"{exc}); binding unplanned")
-        return _ordered(_bind_or_fall_back(p, _originals["bind"], self, ctx, args=args,
+        return _ordered(_bind_or_fall_back(bound, _originals["bind"], self, ctx, args=args,
                                            args_grad=args_grad, grad_req=grad_req,
                                            aux_states=aux_states, group2ctx=group2ctx,
                                            shared_exec=shared_exec))
@@ -205,17 +262,32 @@ def _bind_inputs(self, args, args_grad, grad_req):
     return req, types, shapes
 
 
-def _bind_or_fall_back(p: Plan | None, original, symbol, ctx, **kwargs):
+def _pool_of(shared_exec: Any) -> list[int] | None:
+    """The blocks of the executor a bind shares (None: none shared, or not known here)."""
+    if shared_exec is None:
+        return None
+    with contextlib.suppress(TypeError):
+        return _pools.get(shared_exec)
+    return None
+
+
+def _bind_or_fall_back(bound: Bound, original, symbol, ctx, **kwargs):
     """Bind the plan; should that fail, bind the user's own symbol (with a log line)."""
-    if p is None:
-        return mxnet_bind(original, symbol, ctx, **kwargs)
+    shared = kwargs.get("shared_exec")
+    if bound.plan is None:
+        executor = mxnet_bind(original, symbol, ctx, **kwargs)
+        _track(executor, bound, shared)
+        return executor
     try:
-        return p.bind(ctx, symbol=symbol, **kwargs)
+        executor = bound.plan.bind(ctx, symbol=symbol, **kwargs)
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
         log.warning(f"mxmirror: could not bind the planned symbol "
                     f"({type(exc).__name__}: {first}); binding unplanned")
-        return mxnet_bind(original, symbol, ctx, **kwargs)
+        executor = mxnet_bind(original, symbol, ctx, **kwargs)
+        bound = Bound(None, bound.plan.baseline_blocks or None)
+    _track(executor, bound, shared)
+    return executor
 
 
 def enable_from_env() -> None:

@@ -198,6 +198,8 @@ class PlannedBlock(load_mxnet().gluon.Block):
             plan, use, loop = choose_plan(self, symbol, shapes, types, grad_req, copies,
                                           new_buffer_bytes(trained, ctx), second, others,
                                           self._said)
+            if plan is not None:
+                plan.release()  # kept for its binds, which read no analysed graph
             self._decided[key, others] = plan if use else False
             self._loops[key, others] = loop
             if not use:

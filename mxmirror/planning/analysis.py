@@ -252,6 +252,15 @@ class Analysis:
                                           frozenset(kept))
         return found if bound is None or planned < bound else None
 
+    def blocks(self, mirror: frozenset[int]) -> tuple[int, ...]:
+        """The storage blocks MXNet's executor allocates for a mirror set (its pool: what a
+        bind sharing another executor's memory matches against it, sim/shared_pool)."""
+        kept = self.drop_unread(frozenset(mirror))
+        if self.resolved is not None:
+            return tuple(memory_plan.simulate_flat(self.resolved.flat(kept)[0]).block_bytes)
+        with memory_plan.gc_paused():
+            return tuple(memory_plan.simulate(training_graph.build(self.graph, kept)).block_bytes)
+
     def drop_unread(self, mirror: frozenset[int]) -> set[int]:
         """The mirror set without copies that would crash: unread copies of ops that must write.
 

@@ -40,7 +40,7 @@ from mxmirror.segments.cost import SegmentPlan, make_segment_plan
 from mxmirror.segments.cuts import build_segments
 from mxmirror.segments.model import Segments
 
-SCHEMA = 4  # bump when what a file holds changes
+SCHEMA = 5  # bump when what a file holds changes
 MAX_FILES = 1000  # plans kept at most (least recently used ones go first)
 MAX_BYTES = 256 * 2**20  # bytes of plan files kept at most
 
@@ -165,7 +165,8 @@ def _to_record(decision: Decision) -> dict:
            "recompute_ratio": s.recompute_ratio, "checkpoints": list(choice.checkpoints),
            "choice_notes": list(choice.notes), "baseline_bytes": decision.baseline_bytes,
            "notes": list(decision.notes), "resident_bytes": list(decision.resident_bytes),
-           "segments": None}
+           "baseline_blocks": list(decision.baseline_blocks),
+           "planned_blocks": list(decision.planned_blocks), "segments": None}
     if choice.segments is not None:
         sp = choice.segments
         keys = _template_keys(sp.segments)
@@ -204,7 +205,8 @@ def _from_record(rec: dict, analysis: Callable[[], Analysis], nodes: int) -> Dec
     choice = Choice(score, tuple(rec["checkpoints"]), segments, tuple(rec["choice_notes"]))
     args, grads, aux = (int(b) for b in rec["resident_bytes"])
     return Decision(choice, int(rec["baseline_bytes"]), tuple(str(x) for x in rec["notes"]),
-                    (args, grads, aux))
+                    (args, grads, aux), tuple(int(b) for b in rec["baseline_blocks"]),
+                    tuple(int(b) for b in rec["planned_blocks"]))
 
 
 class KeptSegments:

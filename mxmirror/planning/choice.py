@@ -35,6 +35,10 @@ class Decision:
     # arguments, their gradients, aux states: what stays whatever the plan (kept with the
     # plan, so that what it saves of the whole is said without reading the graph again)
     resident_bytes: tuple[int, int, int] = (0, 0, 0)
+    # the storage blocks of MXNet's executor unplanned and with the plan (empty where MXNet's
+    # executor does not run it): what a bind sharing another's memory adds (sim/shared_pool)
+    baseline_blocks: tuple[int, ...] = ()
+    planned_blocks: tuple[int, ...] = ()
 
 
 def mirror_choice(a: Analysis, mirror: set[int], cuts: list[Cut] = ()) -> Choice:

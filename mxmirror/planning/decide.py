@@ -32,7 +32,11 @@ def decide(analysis: Analysis, name: str, budget_bytes: int | None,
                      f"{choice.score.planned_bytes / 2**20:.0f} MB, no plan: "
                      f"{base.planned_bytes / 2**20:.0f} MB): the graph is left as it is")
         choice = Choice(base)
-    return Decision(choice, base.planned_bytes, tuple(notes), resident_bytes(analysis.graph))
+    unplanned = analysis.blocks(frozenset())
+    planned = (() if choice.segments is not None else analysis.blocks(choice.score.recomputed_ids)
+               if choice.score.recomputed_ids else unplanned)
+    return Decision(choice, base.planned_bytes, tuple(notes), resident_bytes(analysis.graph),
+                    unplanned, planned)
 
 
 def _segmented_or_one_recompute(a: Analysis, segmented: Choice,

@@ -131,7 +131,7 @@ class Plan:
     def of(cls, policy: str, analysis_of: Callable[[], Analysis],
            nodes: list[tuple[str, str]], decision: Decision, inputs: BindInputs | None = None,
            source_json: str | None = None, plan_seconds: float = 0.0,
-           budget: str | None = None) -> Plan:
+           budget: str | None = None, release: Callable[[], None] | None = None) -> Plan:
         """The Plan of a planning Decision, run by whichever executor its choice needs;
         `nodes`: (name, op) by node id; `analysis_of`: the analysed graph, asked for only
         where it is needed (drawing, a segmented bind)."""
@@ -143,7 +143,9 @@ class Plan:
                    choice.score.planned_bytes, choice.score.recompute_ratio, execution,
                    inputs=inputs, source_json=source_json, plan_seconds=plan_seconds,
                    notes=list(decision.notes), budget=budget,
-                   resident_bytes=decision.resident_bytes)
+                   resident_bytes=decision.resident_bytes,
+                   baseline_blocks=decision.baseline_blocks,
+                   planned_blocks=decision.planned_blocks, release_analysis=release)
 
     policy: str
     analysis_of: Callable[[], Analysis] = field(repr=False)
@@ -160,10 +162,24 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     budget: str | None = None  # the budget planned for and where it came from
     resident_bytes: tuple[int, int, int] = (0, 0, 0)  # arguments, their gradients, aux states
+    # MXNet's executor's storage blocks unplanned and planned (planning.choice.Decision)
+    baseline_blocks: tuple[int, ...] = ()
+    planned_blocks: tuple[int, ...] = ()
+    release_analysis: Callable[[], None] | None = field(default=None, repr=False)
 
     @cached_property
     def analysis(self) -> Analysis:
         return self.analysis_of()
+
+    def release(self) -> None:
+        """Drop the analysed graph (read again where something asks for it): most of the
+        memory planning took, which MXNet's executor does not need to bind the plan (the
+        segmented executor does: its plans keep it)."""
+        if isinstance(self.execution, SegmentedExecution):
+            return
+        self.__dict__.pop("analysis", None)
+        if self.release_analysis is not None:
+            self.release_analysis()
 
     @property
     def graph(self) -> Graph:
