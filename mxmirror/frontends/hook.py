@@ -176,7 +176,7 @@ def _fits_shared_pool(p: Plan, pool: list[int]) -> str:
 def _track(executor: Any, bound: Bound, shared_exec: Any) -> None:
     """Keep the blocks `executor` holds, and add what it allocated to the pool of the
     executor it shares (as MXNet does), for the binds that share it later."""
-    pool = [] if shared_exec is None else _pools.get(shared_exec)
+    pool = [] if shared_exec is None else _pool_of(shared_exec)
     if bound.blocks is None or pool is None:
         return
     taken, new = shared_pool.fit(pool, bound.blocks)
@@ -273,20 +273,18 @@ def _pool_of(shared_exec: Any) -> list[int] | None:
 
 def _bind_or_fall_back(bound: Bound, original, symbol, ctx, **kwargs):
     """Bind the plan; should that fail, bind the user's own symbol (with a log line)."""
-    shared = kwargs.get("shared_exec")
-    if bound.plan is None:
+    executor = None
+    if bound.plan is not None:
+        try:
+            executor = bound.plan.bind(ctx, symbol=symbol, **kwargs)
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [""])[0]
+            log.warning(f"mxmirror: could not bind the planned symbol "
+                        f"({type(exc).__name__}: {first}); binding unplanned")
+            bound = Bound(None, bound.plan.baseline_blocks or None)
+    if executor is None:
         executor = mxnet_bind(original, symbol, ctx, **kwargs)
-        _track(executor, bound, shared)
-        return executor
-    try:
-        executor = bound.plan.bind(ctx, symbol=symbol, **kwargs)
-    except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0]
-        log.warning(f"mxmirror: could not bind the planned symbol "
-                    f"({type(exc).__name__}: {first}); binding unplanned")
-        executor = mxnet_bind(original, symbol, ctx, **kwargs)
-        bound = Bound(None, bound.plan.baseline_blocks or None)
-    _track(executor, bound, shared)
+    _track(executor, bound, kwargs.get("shared_exec"))
     return executor
 
 

@@ -235,19 +235,11 @@ class Analysis:
         if self.on_score is not None:
             self.on_score()
         kept = self.drop_unread(key)
-        if self.resolved is not None:
-            fg, copies = self.resolved.flat(kept)
-            sim = memory_plan.simulate_flat(fg, stop_at=bound)
-            if sim is None:
-                self._at_least[key] = bound
-                return None
-            planned = sim.total_bytes
-            extra = sum(self.graph.nodes[g].flops for g in copies)
-        else:
-            with memory_plan.gc_paused():
-                tg = training_graph.build(self.graph, kept)
-                planned = memory_plan.simulate(tg).total_bytes
-            extra = sum(self.graph.nodes[t.fwd].flops for t in tg.nodes if t.role == "mirror")
+        sim, extra = self._simulate(kept, bound)
+        if sim is None:
+            self._at_least[key] = bound
+            return None
+        planned = sim.total_bytes
         found = self._scores[key] = Score(planned, extra / (self.forward_flops or 1.0),
                                           frozenset(kept))
         return found if bound is None or planned < bound else None
@@ -255,11 +247,22 @@ class Analysis:
     def blocks(self, mirror: frozenset[int]) -> tuple[int, ...]:
         """The storage blocks MXNet's executor allocates for a mirror set (its pool: what a
         bind sharing another executor's memory matches against it, sim/shared_pool)."""
-        kept = self.drop_unread(frozenset(mirror))
+        sim, _ = self._simulate(self.drop_unread(frozenset(mirror)), None)
+        return tuple(sim.block_bytes)
+
+    def _simulate(self, kept: set[int], stop_at: int | None
+                  ) -> tuple[memory_plan.SimResult | None, float]:
+        """MXNet's planner over the training graph of a mirror set (copies that would crash
+        dropped), on the compiled graph where there is one, and the FLOPs its copies add;
+        None where the compiled simulation reaches `stop_at` bytes."""
         if self.resolved is not None:
-            return tuple(memory_plan.simulate_flat(self.resolved.flat(kept)[0]).block_bytes)
+            fg, copies = self.resolved.flat(kept)
+            return (memory_plan.simulate_flat(fg, stop_at=stop_at),
+                    sum(self.graph.nodes[g].flops for g in copies))
         with memory_plan.gc_paused():
-            return tuple(memory_plan.simulate(training_graph.build(self.graph, kept)).block_bytes)
+            tg = training_graph.build(self.graph, kept)
+            sim = memory_plan.simulate(tg)
+        return sim, sum(self.graph.nodes[t.fwd].flops for t in tg.nodes if t.role == "mirror")
 
     def drop_unread(self, mirror: frozenset[int]) -> set[int]:
         """The mirror set without copies that would crash: unread copies of ops that must write.
