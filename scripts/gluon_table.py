@@ -156,7 +156,7 @@ def rows(cases: list[tuple[str, str]], steps: int) -> list[str]:
     head = ["| network | plain peak RSS MB | "
             + " | ".join(f"{m}: peak RSS MB (x plain), plan used?" for m in MODES[1:])
             + " | planned executor predicted / MXNet MB (sqrt; unplanned) | own arrays MB"
-            " | step time x plain (sqrt) |", "|---" * 6 + "|"]
+            " | step time x plain (sqrt) |", "|---" * 7 + "|"]
     out = list(head)
     for label, case in cases:
         found = {m: run_child(case, m, steps) for m in MODES}
