@@ -153,3 +153,18 @@ def test_the_taper_search_improves_a_flat_plan_and_mxnet_allocates_its_predictio
     assert got.planned_bytes < flat.planned_bytes
     planned = annotate_json(prep.source_json, got.recomputed_ids)
     assert mxnet_mb(planned, shapes, grad_req="write") == got.planned_bytes // 2**20
+
+
+def test_search_is_never_above_the_cheap_plan() -> None:
+    """On a small conv net (a user's five Conv-BatchNorm-ReLU-pool stages) no cut pays and
+    search found nothing below the unplanned graph while cheap saves: search takes it."""
+    x = mx.sym.Variable("data")
+    for i, c in enumerate((16, 16, 32, 32, 32)):
+        x = mx.sym.Convolution(x, num_filter=c, kernel=(3, 3), pad=(1, 1), name=f"conv{i}")
+        x = mx.sym.Activation(mx.sym.BatchNorm(x, name=f"bn{i}"), act_type="relu")
+        x = mx.sym.Pooling(x, kernel=(2, 2), stride=(2, 2), pool_type="max")
+    sym = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(x, num_hidden=10), name="softmax")
+    prep = prepare(sym, data=(16, 3, 64, 64), softmax_label=(16,))
+    cheap, found = prep.plan("cheap"), prep.plan("search")
+    assert cheap.planned_bytes < cheap.baseline_bytes, "cheap saves nothing: this checks nothing"
+    assert found.planned_bytes <= cheap.planned_bytes

@@ -8,8 +8,9 @@ with a monotone window; sweeping M gives the Pareto front of kept bytes vs
 largest segment). Then, each move scored by the simulator (MXNet's own planner):
 per-stage budgets by coordinate descent, a round-robin local search over the
 cuts, a search at the simulated peak, and a taper search of segment lengths.
-The result is never worse than any start, but other plans may be smaller
-(docs/benchmark.md records a stochastic search that found one).
+The result is never worse than any start, nor than the cheap plan (which recomputes
+only cheap ops and keeps no segment boundary: on small graphs it can be the least), but
+other plans may be smaller (docs/benchmark.md records a stochastic search that found one).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections import deque
 from mxmirror.planning.algorithm3 import candidates, segment_mirror
 from mxmirror.planning.analysis import Analysis, Cut
 from mxmirror.planning.choice import Choice, mirror_choice
+from mxmirror.planning.strategies.cheap import cheap_mirror
 from mxmirror.sim import memory_plan, training_graph
 
 FRONT_POINTS = 16
@@ -131,7 +133,7 @@ def choose(a: Analysis, budget_bytes: int | None = None) -> Choice:
         if s is not None:
             best = (s, mirror, chosen)
     if best is None or best[0].planned_bytes >= a.baseline.planned_bytes:
-        return Choice(a.baseline)
+        return _or_cheap(a, Choice(a.baseline))
     # a byte budget per region (stage), by coordinate descent from the best uniform one
     region = regions(a.cuts)
     n_regions = max(region, default=-1) + 1
@@ -149,7 +151,16 @@ def choose(a: Analysis, budget_bytes: int | None = None) -> Choice:
     best = _local_search(evaluate, a.cuts, *best)
     best = _peak_search(a, evaluate, *best)
     s, mirror, chosen = _taper_search(evaluate, a.cuts, *best)
-    return mirror_choice(a, mirror, chosen)
+    return _or_cheap(a, mirror_choice(a, mirror, chosen))
+
+
+def _or_cheap(a: Analysis, found: Choice) -> Choice:
+    """`found`, or the cheap plan where that holds less memory."""
+    mirror = cheap_mirror(a)
+    if not mirror:
+        return found
+    cheap = mirror_choice(a, mirror)
+    return cheap if cheap.score.planned_bytes < found.score.planned_bytes else found
 
 
 def _local_search(evaluate, cuts, best, mirror, chosen):
