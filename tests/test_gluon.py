@@ -413,3 +413,14 @@ def test_unchanged_script_under_mxmirror_run_and_env(tmp_path: Path, how: str) -
     checksum = [line for line in plain.stdout.splitlines() if line.startswith("checksum")]
     assert checksum and checksum == [line for line in planned.stdout.splitlines()
                                      if line.startswith("checksum")]
+
+
+def test_log_sizes_read_as_written() -> None:
+    """A size just under 1 MB reads '1.0 MB', not '1024 KB'; a plan of a graph under half a
+    MB says its KB, not '0 MB'."""
+    assert gluon_executor.size_text(2**20 - 100) == "1.0 MB"
+    assert gluon_executor.size_text(2**20 - 600) == "1023 KB"
+    x = mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=8, name="fc")
+    line = mxmirror.plan(mx.sym.Activation(x, act_type="relu"), policy="sqrt",
+                         data=(4, 8)).summary()
+    assert "baseline=0 MB" not in line and " KB planned=" in line

@@ -217,8 +217,9 @@ class PlannedExecutor:
 
 
 def size_text(n: float) -> str:
-    """Bytes as a log line shows them: MB, or KB below one MB."""
-    return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 2**10:.0f} KB"
+    """Bytes as a log line shows them: MB, or KB where that reads below 1024."""
+    kb = round(n / 2**10)
+    return f"{n / 2**20:.1f} MB" if kb >= 1024 else f"{kb} KB"
 
 
 def choose_plan(owner: Any, symbol: Any, input_shapes: dict, types: dict, reqs: dict,

@@ -251,9 +251,12 @@ class Plan:
     def summary(self) -> str:
         """One line (the bind hook logs it); a plan that recomputes nothing says why."""
         why = f" ({'; '.join(self.notes)})" if self.notes and not self.recomputed_ids else ""
-        return (f"mxmirror: policy={self.policy} baseline={self.baseline_mb:.0f} MB "
-                f"planned={self.planned_mb:.0f} MB recompute={self.recompute_ratio:.2f}x "
+        return (f"mxmirror: policy={self.policy} baseline={_mb_text(self.baseline_mb)} "
+                f"planned={_mb_text(self.planned_mb)} recompute={self.recompute_ratio:.2f}x "
                 f"mirrored={len(self.mirrored)} nodes"
                 + (f" budget={self.budget}" if self.budget else "") + why)
 
 
+def _mb_text(mb: float) -> str:
+    """Whole MB, or KB for a graph under half a MB (which would read 0 MB)."""
+    return f"{mb:.0f} MB" if mb >= 0.5 or mb == 0 else f"{mb * 1024:.0f} KB"
