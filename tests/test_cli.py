@@ -306,6 +306,33 @@ def test_memory_no_bind(files, capfd) -> None:
     assert "mxnet_mb" not in out and set(out["simulated_mb"]) >= {"sharing", "planned"}
 
 
+# ------------------------------------------------------------------ run
+FAILING_SCRIPTS = {  # file name: text; each fails (or exits) as `python FILE` would
+    "raises.py": "def f():\n    raise ValueError('boom')\n\nf()\n",
+    "chained.py": "try:\n    1 / 0\nexcept ZeroDivisionError as e:\n    raise KeyError(1) from e\n",
+    "syntax.py": "x = (\n",
+    "notes.txt": "hello world, not Python\n",
+    "exits.py": "import sys\nsys.exit(3)\n",
+    "exits_text.py": "import sys\nsys.exit('bye')\n",
+}
+
+
+@pytest.mark.parametrize("name", list(FAILING_SCRIPTS))
+def test_run_a_failing_script_as_python_does(name, tmp_path) -> None:
+    """A script that raises (or does not compile, or exits) shows what `python SCRIPT.py`
+    shows, with the same exit code: the script's own frames, none of mxmirror's or runpy's."""
+    script = tmp_path / name
+    script.write_text(FAILING_SCRIPTS[name])
+    proc = _cli(["run", "--policy", "sqrt", str(script)], cwd=tmp_path)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           env=child_env(), cwd=tmp_path, timeout=300)
+    assert (proc.returncode, proc.stderr) == (plain.returncode, plain.stderr), proc.stderr
+    assert proc.returncode == (3 if name == "exits.py" else 1)
+    assert "cli.py" not in proc.stderr and "runpy" not in proc.stderr, proc.stderr
+    if not name.startswith("exits"):
+        assert f'File "{script}", line ' in proc.stderr, proc.stderr
+
+
 # ------------------------------------------------------------------ bad input
 @pytest.mark.parametrize(("case", "what", "template"), BAD_INPUTS,
                          ids=[c[0] for c in BAD_INPUTS])

@@ -361,7 +361,16 @@ def cmd_run(args) -> int:
     enable(args.policy, args.budget)
     sys.argv = [str(script), *args.args]
     sys.path.insert(0, str(script.resolve().parent))
-    runpy.run_path(str(script), run_name="__main__")
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except BrokenPipeError:  # the reader left: main's quiet ending, as for every command
+        raise
+    except Exception as exc:  # as `python SCRIPT.py` shows it: the script's frames only
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_globals.get("__name__") in (__name__, "runpy"):
+            tb = tb.tb_next
+        sys.excepthook(type(exc), exc, exc.with_traceback(tb).__traceback__)
+        return 1
     return 0
 
 
