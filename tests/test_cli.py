@@ -119,6 +119,7 @@ BAD_INPUTS = [
     ("fit_depth_and_symbol", "fit: --depth with a symbol file",
      "fit {resnet} --depth resnet --memory 1GB"),
     ("run_missing_script", "run: script does not exist", "run --policy sqrt {missing}"),
+    ("run_no_script", "run: no script", "run --policy sqrt"),
     ("run_unknown_policy", "run: unknown policy", "run --policy fastest {resnet}"),
     ("budget_not_taken", "--budget with a policy that plans without one",
      "plan {resnet} --shape data=4,3,32,32 --policy sqrt --budget 800MB"),
@@ -369,6 +370,13 @@ def test_bad_input_real_process(case, files) -> None:
 def test_bad_input_message(argv, message, files, capfd) -> None:
     assert cli.main(_argv(argv, files)) == cli.EXIT_BAD_INPUT
     assert message in capfd.readouterr().err.strip().splitlines()[-1]
+
+
+def test_run_without_a_script_names_only_the_script(capfd) -> None:
+    """ARGS may be left out: the error asks for SCRIPT.py alone."""
+    assert cli.main(["run", "--policy", "sqrt"]) == cli.EXIT_BAD_INPUT
+    assert capfd.readouterr().err.strip().splitlines()[-1] == (
+        "mxmirror: error: the following arguments are required: SCRIPT.py")
 
 
 @pytest.mark.parametrize("policy", ["none", "cheap", "sqrt", "search", "optimal", "recursive"])

@@ -133,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     _plan_options(p)
     p.add_argument("script", metavar="SCRIPT.py", help="the unchanged training script")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
-                   help="the script's own arguments, passed on as they are")
+                   help="the script's own arguments, passed on as they are"
+                   ).required = False  # argparse marks REMAINDER required: not named as such
     p = sub.add_parser("demo", help="plan the paper's ResNet and LSTM, print the table")
     p.add_argument("--out", default="mxmirror-demo", metavar="FOLDER",
                    help="folder for the graph drawings and memory timelines")
