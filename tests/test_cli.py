@@ -78,12 +78,21 @@ BAD_INPUTS = [
     ("malformed_shape", "malformed --shape", "plan {resnet} --shape data=3,x"),
     ("non_integer_shape", "non-integer dimension", "plan {resnet} --shape data=3,abc"),
     ("shape_without_name", "--shape without NAME=", "plan {resnet} --shape 4,3,32,32"),
+    ("shape_empty_name", "--shape with an empty NAME", "plan {resnet} --shape =4,3,32,32"),
+    ("shape_twice", "--shape for the same input twice",
+     "plan {resnet} --shape data=4,3,32,32 --shape data=8,3,32,32"),
+    ("shape_empty_dim", "empty dimension", "plan {resnet} --shape data=4,,3,32,32"),
+    ("shape_trailing_comma", "trailing comma", "plan {resnet} --shape data=4,3,32,32,"),
     ("unknown_input", "shape for an input the symbol does not have",
      "plan {resnet} --shape image=4,3,32,32"),
     ("negative_dim", "negative dimension", "plan {resnet} --shape data=-4,3,32,32"),
     ("zero_dim", "zero dimension", "plan {resnet} --shape data=0,3,32,32"),
     ("unknown_dtype", "unknown dtype",
      "plan {resnet} --shape data=4,3,32,32 --dtype float17"),
+    ("dtype_twice", "--dtype for the same input twice",
+     "plan {resnet} --shape data=4,3,32,32 --dtype float16 --dtype data=float32"),
+    ("dtype_empty_name", "--dtype with an empty NAME",
+     "plan {resnet} --shape data=4,3,32,32 --dtype =float16"),
     ("unknown_policy", "unknown policy",
      "plan {resnet} --shape data=4,3,32,32 --policy fastest"),
     ("impossible_budget", "budget below anything reachable",
@@ -111,6 +120,10 @@ BAD_INPUTS = [
      "fit {resnet} --shape data=4,3,32,32 --memory 1GB"),
     ("fit_bad_dim", "fit: a dimension that is neither an integer nor N",
      "fit {resnet} --shape data=N,x,32,32 --memory 1GB"),
+    ("fit_empty_dim", "fit: empty dimension",
+     "fit {resnet} --shape data=N,3,32,32, --memory 1GB"),
+    ("fit_shape_twice", "fit: --shape for the same input twice",
+     "fit {resnet} --shape data=N,3,32,32 --shape data=N,3,16,16 --memory 1GB"),
     ("fit_no_memory", "fit: no --memory", "fit {resnet} --shape data=N,3,32,32"),
     ("fit_bad_memory", "fit: malformed --memory",
      "fit {resnet} --shape data=N,3,32,32 --memory lots"),
@@ -361,6 +374,18 @@ def test_bad_input_real_process(case, files) -> None:
     ("plan {resnet} --shape image=4,3,32,32",
      "no input 'image'; its inputs without a gradient (data, labels, states) are data, "
      "softmax_label; besides them it has 29 parameters and 18 auxiliary states"),
+    ("plan {resnet} --shape =4,3,32,32",
+     "--shape takes NAME=D0,D1,..., e.g. data=32,3,224,224; got '=4,3,32,32'"),
+    ("plan {resnet} --shape data=4,3,32,32 --shape data=8,3,32,32",
+     "--shape for input 'data' given twice ('data=4,3,32,32', then 'data=8,3,32,32')"),
+    ("plan {resnet} --shape data=4,,3,32,32", "'data=4,,3,32,32': dimension 2 is empty"),
+    ("plan {resnet} --shape data=4,3,32,32,", "'data=4,3,32,32,': dimension 5 is empty"),
+    ("fit {resnet} --shape data=N,3,32,32, --memory 1GB",
+     "'data=N,3,32,32,': dimension 5 is empty"),
+    ("plan {resnet} --shape data=4,3,32,32 --dtype float16 --dtype data=float32",
+     "--dtype for input 'data' given twice ('float16', then 'data=float32')"),
+    ("plan {resnet} --shape data=4,3,32,32 --dtype =float16",
+     "--dtype takes [NAME=]DTYPE, e.g. float16 or data=float16; got '=float16'"),
     ("plan {resnet} --shape data=4,3,32,32 --dtype image=float16",
      "its inputs without a gradient (data, labels, states) are data, softmax_label;"),
     ("plan {params} --shape data=4,3,32,32",
@@ -370,6 +395,17 @@ def test_bad_input_real_process(case, files) -> None:
 def test_bad_input_message(argv, message, files, capfd) -> None:
     assert cli.main(_argv(argv, files)) == cli.EXIT_BAD_INPUT
     assert message in capfd.readouterr().err.strip().splitlines()[-1]
+
+
+def test_fit_dtype_for_every_shaped_input(files, capfd) -> None:
+    """fit's --shape has N for the batch; --dtype without NAME still reads those names."""
+    argv = ["fit", str(files["fc"]), "--shape", "data=N,32", "--memory", "64MB", "--policy",
+            "sqrt", "--json"]
+    assert cli.main(argv) == 0
+    float32 = json.loads(capfd.readouterr().out.strip().splitlines()[-1])
+    assert cli.main([*argv, "--dtype", "float16"]) == 0
+    float16 = json.loads(capfd.readouterr().out.strip().splitlines()[-1])
+    assert float16 != float32, float16
 
 
 def test_run_without_a_script_names_only_the_script(capfd) -> None:
@@ -464,8 +500,7 @@ NOTES = """
 Notes:
 
 - `x` is accepted as a dimension separator (`--shape data=4x3x32x32`), so
-  `data=3,x` reads as `data=3` and is only rejected by MXNet's shape inference,
-  whose message (with its timestamp and source location) is passed on.
+  `data=3,x` has an empty dimension between its `,` and its `x`.
 - A budget starting with `-` must be written `--budget=-5MB`; `--budget -5MB`
   is an argparse error ("expected one argument"), also exit code 2.
 """

@@ -40,28 +40,60 @@ class _Parser(argparse.ArgumentParser):
         raise PlanError(message)
 
 
+def _dims(text: str, form: str, example: str, separators: str = ",") -> tuple[str, list[str]]:
+    """NAME=D0,D1,...: the name and the dimensions' texts, none of them empty."""
+    name, eq, dims = text.partition("=")
+    if not eq or not name.strip():
+        raise PlanError(f"--shape takes NAME={form}, e.g. data={example}; got {text!r}")
+    if not dims.strip():
+        raise PlanError(f"--shape {text!r}: no dimensions")
+    for sep in separators[1:]:
+        dims = dims.replace(sep, separators[0])
+    out = [d.strip() for d in dims.split(separators[0])]
+    if "" in out:
+        raise PlanError(f"--shape {text!r}: dimension {out.index('') + 1} is empty"
+                        + (f" ({' and '.join(map(repr, separators))} separate dimensions)"
+                           if len(separators) > 1 else ""))
+    return name.strip(), out
+
+
 def _shape(text: str) -> tuple[str, tuple[int, ...]]:
-    if "=" not in text:
-        raise PlanError(f"--shape takes NAME=D0,D1,..., e.g. data=32,3,224,224; got {text!r}")
-    name, dims = text.split("=", 1)
+    name, dims = _dims(text, "D0,D1,...", "32,3,224,224", ",x")
     try:
-        shape = tuple(int(d) for d in dims.replace("x", ",").split(",") if d.strip())
+        shape = tuple(int(d) for d in dims)
     except ValueError:
         raise PlanError(f"--shape {text!r}: dimensions must be integers") from None
-    if not shape or any(d <= 0 for d in shape):
+    if any(d <= 0 for d in shape):
         raise PlanError(f"--shape {text!r}: dimensions must be positive integers")
-    return name.strip(), shape
+    return name, shape
 
 
-def _dtype(args) -> dict[str, str] | None:
-    if not args.dtype:
-        return None
-    out = {}
-    for item in args.dtype:
-        name, _, dt = item.rpartition("=")
-        for n in ([name] if name else [k for k, _ in map(_shape, args.shape)]):
-            out[n] = dt
+def _once(option: str, items: list[str], parse) -> dict:
+    """NAME -> value of each `parse(item)`'s (NAME, value) pairs: each input named once."""
+    out, given = {}, {}
+    for item in items:
+        for name, value in parse(item):
+            if name in out:
+                raise PlanError(f"{option} for input {name!r} given twice ({given[name]!r}, "
+                                f"then {item!r}): give each input one {option}")
+            out[name], given[name] = value, item
     return out
+
+
+def _shapes(items: list[str], parse=_shape) -> dict[str, tuple]:
+    return _once("--shape", items, lambda item: [parse(item)])
+
+
+def _dtype(args, shaped) -> dict[str, str] | None:
+    """--dtype [NAME=]DTYPE, each input once; no NAME: each of the `shaped` inputs."""
+    def parse(item: str) -> list[tuple[str, str]]:
+        name, eq, dt = item.rpartition("=")
+        if eq and not name.strip():
+            raise PlanError(f"--dtype takes [NAME=]DTYPE, e.g. float16 or data=float16; "
+                            f"got {item!r}")
+        return [(n, dt) for n in ([name.strip()] if eq else shaped)]
+
+    return _once("--dtype", args.dtype, parse) or None
 
 
 def _plan_options(p: argparse.ArgumentParser) -> None:
@@ -173,9 +205,9 @@ def _load(args):
 
     if not args.shape:
         raise PlanError("give at least one --shape NAME=D0,D1,... for the data input")
-    shapes = dict(map(_shape, args.shape))
+    shapes = _shapes(args.shape)
     budget = parse_budget(args.budget)
-    return read_symbol(args.symbol), shapes, _dtype(args), budget
+    return read_symbol(args.symbol), shapes, _dtype(args, shapes), budget
 
 
 def cmd_plan(args) -> int:
@@ -279,20 +311,16 @@ def cmd_viz(args) -> int:
 
 def _shape_template(text: str) -> tuple[str, tuple[int | str, ...]]:
     """NAME=N,3,224,224: integers, and N where the batch goes."""
-    if "=" not in text:
-        raise PlanError(f"--shape takes NAME=N,D1,..., e.g. data=N,3,224,224; got {text!r}")
-    name, dims = text.split("=", 1)
+    name, dims = _dims(text, "N,D1,...", "N,3,224,224")
     out: list[int | str] = []
-    for d in (d.strip() for d in dims.split(",") if d.strip()):
+    for d in dims:
         if d.upper() == "N":
             out.append("N")
         elif d.isdigit() and int(d) > 0:
             out.append(int(d))
         else:
             raise PlanError(f"--shape {text!r}: dimensions must be positive integers or N")
-    if not out:
-        raise PlanError(f"--shape {text!r}: no dimensions")
-    return name.strip(), tuple(out)
+    return name, tuple(out)
 
 
 def cmd_fit(args) -> int:
@@ -321,7 +349,8 @@ def cmd_fit(args) -> int:
             raise PlanError("give --shape NAME=N,D1,... with the batch written as N")
 
         sym = load_symbol(args.symbol)
-        search = fitting.batch_search(sym, dict(map(_shape_template, args.shape)), _dtype(args))
+        shapes = _shapes(args.shape, _shape_template)
+        search = fitting.batch_search(sym, shapes, _dtype(args, shapes))
         what = args.symbol
     rows = [(p, *search.largest(p, memory)) for p in policies]
     key = search.key
