@@ -278,6 +278,38 @@ def test_plan_and_memory_say_when_a_plan_pays(files, capfd, command, batch, smal
     assert bool(saves.group(2)) == small, out
 
 
+@pytest.mark.parametrize("command", ["plan", "memory"])
+def test_huge_sizes_read_in_gb_and_tb(files, capfd, command) -> None:
+    """Above 10240 MB the text says GB, above 10240 GB TB (55.1 GB, not 56458 MB); the JSON
+    figures stay in MB."""
+    argv = [command, str(files["fc"]), "--shape", "data=100000000,32",
+            *(["--no-bind"] if command == "memory" else [])]
+    assert cli.main(argv) == 0
+    text = capfd.readouterr().out
+    table = r"^(none|inplace|sharing|planned) "  # memory's table: a column of MB
+    lines = [ln for ln in text.splitlines() if not re.match(table, ln)]
+    assert not [n for n in re.findall(r"(\d+)(?:\.\d)? MB", "\n".join(lines))
+                if int(n) > 10240], text
+    if command == "plan":  # the summary line
+        assert "baseline=55.1 GB planned=55.1 GB" in text, text
+    assert "training memory without a plan: 67.8 GB" in text, text
+    assert cli.main([*argv, "--json"]) == 0
+    out = json.loads(capfd.readouterr().out.strip().splitlines()[-1])
+    mb = out["baseline_mb"] if command == "plan" else out["simulated_mb"]["sharing"]
+    assert round(mb) == 56458, out
+
+
+@pytest.mark.parametrize(("mb", "digits", "text"), [
+    (0.05, None, "51.2 KB"), (5.55, None, "5.5 MB"), (4567.8, None, "4568 MB"),
+    (4567.8, 0, "4568 MB"), (4567.8, 1, "4567.8 MB"), (10240, None, "10240 MB"),
+    (10241, 0, "10.0 GB"), (46001, None, "44.9 GB"), (10240 * 1024, 1, "10240 GB"),
+    (10240 * 1024 + 1, None, "10.0 TB"), (118171692, 0, "113 TB")])
+def test_size_text_units(mb, digits, text) -> None:
+    from mxmirror.log import mb_text
+
+    assert mb_text(mb, digits) == text
+
+
 def test_plan_float16(files, tmp_path, capfd) -> None:
     """The float16 plan is a real plan whose planned symbol binds with float16 data and whose
     simulated figure is MXNet's for that bind."""

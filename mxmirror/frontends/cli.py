@@ -16,6 +16,7 @@ from pathlib import Path
 from mxmirror.adapter.figure import mxnet_mb_many
 from mxmirror.adapter.symbol import load_symbol, read_symbol
 from mxmirror.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, PlanError
+from mxmirror.log import mb_text
 from mxmirror.progress import task
 
 EXIT_BROKEN_PIPE = 128 + 13  # as a process ended by SIGPIPE (13) reports itself to the shell
@@ -271,9 +272,9 @@ def cmd_memory(args) -> int:
         mx_mb = out.get("mxnet_mb", {}).get(k, "")
         print(f"{k:<10} {sim[k]:>13.1f} {'-' if mx_mb is None else mx_mb!s:>9}")
     if "live_peak_mb" in out:
-        print(f"live peak of the plan under ideal allocation: {out['live_peak_mb']:.1f} MB; "
-              f"the best one-recompute plan's: "
-              + ("-" if out["reference_mb"] is None else f"{out['reference_mb']:.1f} MB"))
+        print(f"live peak of the plan under ideal allocation: "
+              f"{mb_text(out['live_peak_mb'], 1)}; the best one-recompute plan's: "
+              + ("-" if out["reference_mb"] is None else mb_text(out["reference_mb"], 1)))
     print("\n".join(memory_share(p)))
     return 0
 
