@@ -248,11 +248,13 @@ def cmd_memory(args) -> int:
     sim["planned"] = p.planned_mb
     out = {"policy": args.policy, "simulated_mb": {k: round(v, 3) for k, v in sim.items()}}
     if p.execution.kind == "mirror":  # the distance to the limit (planning/reference.py)
-        from mxmirror.planning.reference import live_peak_bytes, reference
+        from mxmirror.planning.reference import NO_CUT, live_peak_bytes, reference
 
         ref = reference(p.analysis)
         out["live_peak_mb"] = round(live_peak_bytes(p.analysis, p.recomputed_ids) / 2**20, 3)
         out["reference_mb"] = None if ref is None else round(ref.reference_bytes / 2**20, 3)
+        if ref is None:
+            out["reference_note"] = NO_CUT
     if not args.no_bind:
         sharing = mxnet_mb_many([{
             "symbol": p.source_json, "shapes": shapes, "type_dict": dtypes,
@@ -272,9 +274,9 @@ def cmd_memory(args) -> int:
         mx_mb = out.get("mxnet_mb", {}).get(k, "")
         print(f"{k:<10} {sim[k]:>13.1f} {'-' if mx_mb is None else mx_mb!s:>9}")
     if "live_peak_mb" in out:
-        print(f"live peak of the plan under ideal allocation: "
-              f"{mb_text(out['live_peak_mb'], 1)}; the best one-recompute plan's: "
-              + ("-" if out["reference_mb"] is None else mb_text(out["reference_mb"], 1)))
+        print(f"live peak of the plan under ideal allocation: {mb_text(out['live_peak_mb'], 1)}; "
+              + (f"no reference: {out['reference_note']}" if out["reference_mb"] is None
+                 else f"the best one-recompute plan's: {mb_text(out['reference_mb'], 1)}"))
     print("\n".join(memory_share(p)))
     return 0
 
