@@ -78,12 +78,21 @@ BAD_INPUTS = [
     ("malformed_shape", "malformed --shape", "plan {resnet} --shape data=3,x"),
     ("non_integer_shape", "non-integer dimension", "plan {resnet} --shape data=3,abc"),
     ("shape_without_name", "--shape without NAME=", "plan {resnet} --shape 4,3,32,32"),
+    ("shape_empty_name", "--shape with an empty NAME", "plan {resnet} --shape =4,3,32,32"),
+    ("shape_twice", "--shape for the same input twice",
+     "plan {resnet} --shape data=4,3,32,32 --shape data=8,3,32,32"),
+    ("shape_empty_dim", "empty dimension", "plan {resnet} --shape data=4,,3,32,32"),
+    ("shape_trailing_comma", "trailing comma", "plan {resnet} --shape data=4,3,32,32,"),
     ("unknown_input", "shape for an input the symbol does not have",
      "plan {resnet} --shape image=4,3,32,32"),
     ("negative_dim", "negative dimension", "plan {resnet} --shape data=-4,3,32,32"),
     ("zero_dim", "zero dimension", "plan {resnet} --shape data=0,3,32,32"),
     ("unknown_dtype", "unknown dtype",
      "plan {resnet} --shape data=4,3,32,32 --dtype float17"),
+    ("dtype_twice", "--dtype for the same input twice",
+     "plan {resnet} --shape data=4,3,32,32 --dtype float16 --dtype data=float32"),
+    ("dtype_empty_name", "--dtype with an empty NAME",
+     "plan {resnet} --shape data=4,3,32,32 --dtype =float16"),
     ("unknown_policy", "unknown policy",
      "plan {resnet} --shape data=4,3,32,32 --policy fastest"),
     ("impossible_budget", "budget below anything reachable",
@@ -96,6 +105,8 @@ BAD_INPUTS = [
      "plan {resnet} --shape data=4,3,32,32 --policy budget --budget=-5MB"),
     ("zero_budget", "zero --budget",
      "plan {resnet} --shape data=4,3,32,32 --policy budget --budget 0"),
+    ("budget_below_a_byte", "--budget below one byte",
+     "plan {resnet} --shape data=4,3,32,32 --policy budget --budget 0.5B"),
     ("inference_impossible", "only the label shape given: data shape cannot be inferred",
      "plan {fc} --shape softmax_label=4"),
     ("wrong_rank", "data shape of the wrong rank for the network",
@@ -111,6 +122,10 @@ BAD_INPUTS = [
      "fit {resnet} --shape data=4,3,32,32 --memory 1GB"),
     ("fit_bad_dim", "fit: a dimension that is neither an integer nor N",
      "fit {resnet} --shape data=N,x,32,32 --memory 1GB"),
+    ("fit_empty_dim", "fit: empty dimension",
+     "fit {resnet} --shape data=N,3,32,32, --memory 1GB"),
+    ("fit_shape_twice", "fit: --shape for the same input twice",
+     "fit {resnet} --shape data=N,3,32,32 --shape data=N,3,16,16 --memory 1GB"),
     ("fit_no_memory", "fit: no --memory", "fit {resnet} --shape data=N,3,32,32"),
     ("fit_bad_memory", "fit: malformed --memory",
      "fit {resnet} --shape data=N,3,32,32 --memory lots"),
@@ -119,6 +134,7 @@ BAD_INPUTS = [
     ("fit_depth_and_symbol", "fit: --depth with a symbol file",
      "fit {resnet} --depth resnet --memory 1GB"),
     ("run_missing_script", "run: script does not exist", "run --policy sqrt {missing}"),
+    ("run_no_script", "run: no script", "run --policy sqrt"),
     ("run_unknown_policy", "run: unknown policy", "run --policy fastest {resnet}"),
     ("budget_not_taken", "--budget with a policy that plans without one",
      "plan {resnet} --shape data=4,3,32,32 --policy sqrt --budget 800MB"),
@@ -262,6 +278,38 @@ def test_plan_and_memory_say_when_a_plan_pays(files, capfd, command, batch, smal
     assert bool(saves.group(2)) == small, out
 
 
+@pytest.mark.parametrize("command", ["plan", "memory"])
+def test_huge_sizes_read_in_gb_and_tb(files, capfd, command) -> None:
+    """Above 10240 MB the text says GB, above 10240 GB TB (55.1 GB, not 56458 MB); the JSON
+    figures stay in MB."""
+    argv = [command, str(files["fc"]), "--shape", "data=100000000,32",
+            *(["--no-bind"] if command == "memory" else [])]
+    assert cli.main(argv) == 0
+    text = capfd.readouterr().out
+    table = r"^(none|inplace|sharing|planned) "  # memory's table: a column of MB
+    lines = [ln for ln in text.splitlines() if not re.match(table, ln)]
+    assert not [n for n in re.findall(r"(\d+)(?:\.\d)? MB", "\n".join(lines))
+                if int(n) > 10240], text
+    if command == "plan":  # the summary line
+        assert "baseline=55.1 GB planned=55.1 GB" in text, text
+    assert "training memory without a plan: 67.8 GB" in text, text
+    assert cli.main([*argv, "--json"]) == 0
+    out = json.loads(capfd.readouterr().out.strip().splitlines()[-1])
+    mb = out["baseline_mb"] if command == "plan" else out["simulated_mb"]["sharing"]
+    assert round(mb) == 56458, out
+
+
+@pytest.mark.parametrize(("mb", "digits", "text"), [
+    (0.05, None, "51.2 KB"), (5.55, None, "5.5 MB"), (4567.8, None, "4568 MB"),
+    (4567.8, 0, "4568 MB"), (4567.8, 1, "4567.8 MB"), (10240, None, "10240 MB"),
+    (10241, 0, "10.0 GB"), (46001, None, "44.9 GB"), (10240 * 1024, 1, "10240 GB"),
+    (10240 * 1024 + 1, None, "10.0 TB"), (118171692, 0, "113 TB")])
+def test_size_text_units(mb, digits, text) -> None:
+    from mxmirror.log import mb_text
+
+    assert mb_text(mb, digits) == text
+
+
 def test_plan_float16(files, tmp_path, capfd) -> None:
     """The float16 plan is a real plan whose planned symbol binds with float16 data and whose
     simulated figure is MXNet's for that bind."""
@@ -306,6 +354,33 @@ def test_memory_no_bind(files, capfd) -> None:
     assert "mxnet_mb" not in out and set(out["simulated_mb"]) >= {"sharing", "planned"}
 
 
+# ------------------------------------------------------------------ run
+FAILING_SCRIPTS = {  # file name: text; each fails (or exits) as `python FILE` would
+    "raises.py": "def f():\n    raise ValueError('boom')\n\nf()\n",
+    "chained.py": "try:\n    1 / 0\nexcept ZeroDivisionError as e:\n    raise KeyError(1) from e\n",
+    "syntax.py": "x = (\n",
+    "notes.txt": "hello world, not Python\n",
+    "exits.py": "import sys\nsys.exit(3)\n",
+    "exits_text.py": "import sys\nsys.exit('bye')\n",
+}
+
+
+@pytest.mark.parametrize("name", list(FAILING_SCRIPTS))
+def test_run_a_failing_script_as_python_does(name, tmp_path) -> None:
+    """A script that raises (or does not compile, or exits) shows what `python SCRIPT.py`
+    shows, with the same exit code: the script's own frames, none of mxmirror's or runpy's."""
+    script = tmp_path / name
+    script.write_text(FAILING_SCRIPTS[name])
+    proc = _cli(["run", "--policy", "sqrt", str(script)], cwd=tmp_path)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           env=child_env(), cwd=tmp_path, timeout=300)
+    assert (proc.returncode, proc.stderr) == (plain.returncode, plain.stderr), proc.stderr
+    assert proc.returncode == (3 if name == "exits.py" else 1)
+    assert "cli.py" not in proc.stderr and "runpy" not in proc.stderr, proc.stderr
+    if not name.startswith("exits"):
+        assert f'File "{script}", line ' in proc.stderr, proc.stderr
+
+
 # ------------------------------------------------------------------ bad input
 @pytest.mark.parametrize(("case", "what", "template"), BAD_INPUTS,
                          ids=[c[0] for c in BAD_INPUTS])
@@ -328,11 +403,25 @@ def test_bad_input_real_process(case, files) -> None:
     ("plan {resnet} --shape data=4,3,32,32 --policy sqrt --budget 800MB",
      "policy 'sqrt' takes no budget; only budget, multilevel and auto plan to a budget"),
     ("plan {resnet} --shape data=4,3,32,32 --policy multilevel", "needs a budget"),
+    ("plan {resnet} --shape data=4,3,32,32 --policy budget --budget 0.5B",
+     "budget '0.5B' is below one byte: too small"),
     ("run --policy budget {resnet}", "needs a budget"),
     ("demo --quick --out {resnet}", "is a file; demo writes several drawings into a folder"),
     ("plan {resnet} --shape image=4,3,32,32",
      "no input 'image'; its inputs without a gradient (data, labels, states) are data, "
      "softmax_label; besides them it has 29 parameters and 18 auxiliary states"),
+    ("plan {resnet} --shape =4,3,32,32",
+     "--shape takes NAME=D0,D1,..., e.g. data=32,3,224,224; got '=4,3,32,32'"),
+    ("plan {resnet} --shape data=4,3,32,32 --shape data=8,3,32,32",
+     "--shape for input 'data' given twice ('data=4,3,32,32', then 'data=8,3,32,32')"),
+    ("plan {resnet} --shape data=4,,3,32,32", "'data=4,,3,32,32': dimension 2 is empty"),
+    ("plan {resnet} --shape data=4,3,32,32,", "'data=4,3,32,32,': dimension 5 is empty"),
+    ("fit {resnet} --shape data=N,3,32,32, --memory 1GB",
+     "'data=N,3,32,32,': dimension 5 is empty"),
+    ("plan {resnet} --shape data=4,3,32,32 --dtype float16 --dtype data=float32",
+     "--dtype for input 'data' given twice ('float16', then 'data=float32')"),
+    ("plan {resnet} --shape data=4,3,32,32 --dtype =float16",
+     "--dtype takes [NAME=]DTYPE, e.g. float16 or data=float16; got '=float16'"),
     ("plan {resnet} --shape data=4,3,32,32 --dtype image=float16",
      "its inputs without a gradient (data, labels, states) are data, softmax_label;"),
     ("plan {params} --shape data=4,3,32,32",
@@ -342,6 +431,24 @@ def test_bad_input_real_process(case, files) -> None:
 def test_bad_input_message(argv, message, files, capfd) -> None:
     assert cli.main(_argv(argv, files)) == cli.EXIT_BAD_INPUT
     assert message in capfd.readouterr().err.strip().splitlines()[-1]
+
+
+def test_fit_dtype_for_every_shaped_input(files, capfd) -> None:
+    """fit's --shape has N for the batch; --dtype without NAME still reads those names."""
+    argv = ["fit", str(files["fc"]), "--shape", "data=N,32", "--memory", "64MB", "--policy",
+            "sqrt", "--json"]
+    assert cli.main(argv) == 0
+    float32 = json.loads(capfd.readouterr().out.strip().splitlines()[-1])
+    assert cli.main([*argv, "--dtype", "float16"]) == 0
+    float16 = json.loads(capfd.readouterr().out.strip().splitlines()[-1])
+    assert float16 != float32, float16
+
+
+def test_run_without_a_script_names_only_the_script(capfd) -> None:
+    """ARGS may be left out: the error asks for SCRIPT.py alone."""
+    assert cli.main(["run", "--policy", "sqrt"]) == cli.EXIT_BAD_INPUT
+    assert capfd.readouterr().err.strip().splitlines()[-1] == (
+        "mxmirror: error: the following arguments are required: SCRIPT.py")
 
 
 @pytest.mark.parametrize("policy", ["none", "cheap", "sqrt", "search", "optimal", "recursive"])
@@ -429,8 +536,7 @@ NOTES = """
 Notes:
 
 - `x` is accepted as a dimension separator (`--shape data=4x3x32x32`), so
-  `data=3,x` reads as `data=3` and is only rejected by MXNet's shape inference,
-  whose message (with its timestamp and source location) is passed on.
+  `data=3,x` has an empty dimension between its `,` and its `x`.
 - A budget starting with `-` must be written `--budget=-5MB`; `--budget -5MB`
   is an argparse error ("expected one argument"), also exit code 2.
 """

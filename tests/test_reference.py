@@ -14,9 +14,11 @@ import random
 import subprocess
 import sys
 
+import mxnet as mx
+
 from mxmirror.api import prepare
 from mxmirror.planning.algorithm3 import segment_mirror
-from mxmirror.planning.reference import RESOLUTION, ChainModel, live_peak_bytes, reference
+from mxmirror.planning.reference import NO_CUT, RESOLUTION, ChainModel, live_peak_bytes, reference
 from symbols.resnet import resnet
 
 SHAPES = {"data": (8, 3, 32, 32), "softmax_label": (8,)}
@@ -64,3 +66,22 @@ def test_memory_json_reports_the_live_peak_and_the_reference(tmp_path) -> None:
                                         / 2**20, 3)
     assert got["live_peak_mb"] <= got["simulated_mb"]["planned"]
     assert got["reference_mb"] == round(reference(prep.analysis).reference_bytes / 2**20, 3)
+    assert "reference_note" not in got
+
+
+def test_memory_says_why_there_is_no_reference(tmp_path, capfd) -> None:
+    """A graph with no candidate cut has no one-recompute plan: null with a note in the JSON,
+    the note in the text."""
+    from mxmirror.frontends.cli import main
+
+    x = mx.sym.Activation(mx.sym.Convolution(mx.sym.var("data"), num_filter=8, kernel=(3, 3)),
+                          act_type="relu")
+    sym = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(x, num_hidden=10), name="softmax")
+    assert not prepare(sym, data=(16, 3, 64, 64)).analysis.cuts
+    sym.save(str(tmp_path / "net.json"))
+    argv = ["memory", str(tmp_path / "net.json"), "--shape", "data=16,3,64,64", "--no-bind"]
+    assert main([*argv, "--json"]) == 0
+    got = json.loads(capfd.readouterr().out.strip().splitlines()[-1])
+    assert got["reference_mb"] is None and got["reference_note"] == NO_CUT, got
+    assert main(argv) == 0
+    assert f"no reference: {NO_CUT}" in capfd.readouterr().out

@@ -16,6 +16,7 @@ from pathlib import Path
 from mxmirror.adapter.figure import mxnet_mb_many
 from mxmirror.adapter.symbol import load_symbol, read_symbol
 from mxmirror.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, PlanError
+from mxmirror.log import mb_text
 from mxmirror.progress import task
 
 EXIT_BROKEN_PIPE = 128 + 13  # as a process ended by SIGPIPE (13) reports itself to the shell
@@ -40,28 +41,60 @@ class _Parser(argparse.ArgumentParser):
         raise PlanError(message)
 
 
+def _dims(text: str, form: str, example: str, separators: str = ",") -> tuple[str, list[str]]:
+    """NAME=D0,D1,...: the name and the dimensions' texts, none of them empty."""
+    name, eq, dims = text.partition("=")
+    if not eq or not name.strip():
+        raise PlanError(f"--shape takes NAME={form}, e.g. data={example}; got {text!r}")
+    if not dims.strip():
+        raise PlanError(f"--shape {text!r}: no dimensions")
+    for sep in separators[1:]:
+        dims = dims.replace(sep, separators[0])
+    out = [d.strip() for d in dims.split(separators[0])]
+    if "" in out:
+        raise PlanError(f"--shape {text!r}: dimension {out.index('') + 1} is empty"
+                        + (f" ({' and '.join(map(repr, separators))} separate dimensions)"
+                           if len(separators) > 1 else ""))
+    return name.strip(), out
+
+
 def _shape(text: str) -> tuple[str, tuple[int, ...]]:
-    if "=" not in text:
-        raise PlanError(f"--shape takes NAME=D0,D1,..., e.g. data=32,3,224,224; got {text!r}")
-    name, dims = text.split("=", 1)
+    name, dims = _dims(text, "D0,D1,...", "32,3,224,224", ",x")
     try:
-        shape = tuple(int(d) for d in dims.replace("x", ",").split(",") if d.strip())
+        shape = tuple(int(d) for d in dims)
     except ValueError:
         raise PlanError(f"--shape {text!r}: dimensions must be integers") from None
-    if not shape or any(d <= 0 for d in shape):
+    if any(d <= 0 for d in shape):
         raise PlanError(f"--shape {text!r}: dimensions must be positive integers")
-    return name.strip(), shape
+    return name, shape
 
 
-def _dtype(args) -> dict[str, str] | None:
-    if not args.dtype:
-        return None
-    out = {}
-    for item in args.dtype:
-        name, _, dt = item.rpartition("=")
-        for n in ([name] if name else [k for k, _ in map(_shape, args.shape)]):
-            out[n] = dt
+def _once(option: str, items: list[str], parse) -> dict:
+    """NAME -> value of each `parse(item)`'s (NAME, value) pairs: each input named once."""
+    out, given = {}, {}
+    for item in items:
+        for name, value in parse(item):
+            if name in out:
+                raise PlanError(f"{option} for input {name!r} given twice ({given[name]!r}, "
+                                f"then {item!r}): give each input one {option}")
+            out[name], given[name] = value, item
     return out
+
+
+def _shapes(items: list[str], parse=_shape) -> dict[str, tuple]:
+    return _once("--shape", items, lambda item: [parse(item)])
+
+
+def _dtype(args, shaped) -> dict[str, str] | None:
+    """--dtype [NAME=]DTYPE, each input once; no NAME: each of the `shaped` inputs."""
+    def parse(item: str) -> list[tuple[str, str]]:
+        name, eq, dt = item.rpartition("=")
+        if eq and not name.strip():
+            raise PlanError(f"--dtype takes [NAME=]DTYPE, e.g. float16 or data=float16; "
+                            f"got {item!r}")
+        return [(n, dt) for n in ([name.strip()] if eq else shaped)]
+
+    return _once("--dtype", args.dtype, parse) or None
 
 
 def _plan_options(p: argparse.ArgumentParser) -> None:
@@ -133,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     _plan_options(p)
     p.add_argument("script", metavar="SCRIPT.py", help="the unchanged training script")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
-                   help="the script's own arguments, passed on as they are")
+                   help="the script's own arguments, passed on as they are"
+                   ).required = False  # argparse marks REMAINDER required: not named as such
     p = sub.add_parser("demo", help="plan the paper's ResNet and LSTM, print the table")
     p.add_argument("--out", default="mxmirror-demo", metavar="FOLDER",
                    help="folder for the graph drawings and memory timelines")
@@ -172,9 +206,9 @@ def _load(args):
 
     if not args.shape:
         raise PlanError("give at least one --shape NAME=D0,D1,... for the data input")
-    shapes = dict(map(_shape, args.shape))
+    shapes = _shapes(args.shape)
     budget = parse_budget(args.budget)
-    return read_symbol(args.symbol), shapes, _dtype(args), budget
+    return read_symbol(args.symbol), shapes, _dtype(args, shapes), budget
 
 
 def cmd_plan(args) -> int:
@@ -214,11 +248,13 @@ def cmd_memory(args) -> int:
     sim["planned"] = p.planned_mb
     out = {"policy": args.policy, "simulated_mb": {k: round(v, 3) for k, v in sim.items()}}
     if p.execution.kind == "mirror":  # the distance to the limit (planning/reference.py)
-        from mxmirror.planning.reference import live_peak_bytes, reference
+        from mxmirror.planning.reference import NO_CUT, live_peak_bytes, reference
 
         ref = reference(p.analysis)
         out["live_peak_mb"] = round(live_peak_bytes(p.analysis, p.recomputed_ids) / 2**20, 3)
         out["reference_mb"] = None if ref is None else round(ref.reference_bytes / 2**20, 3)
+        if ref is None:
+            out["reference_note"] = NO_CUT
     if not args.no_bind:
         sharing = mxnet_mb_many([{
             "symbol": p.source_json, "shapes": shapes, "type_dict": dtypes,
@@ -238,9 +274,9 @@ def cmd_memory(args) -> int:
         mx_mb = out.get("mxnet_mb", {}).get(k, "")
         print(f"{k:<10} {sim[k]:>13.1f} {'-' if mx_mb is None else mx_mb!s:>9}")
     if "live_peak_mb" in out:
-        print(f"live peak of the plan under ideal allocation: {out['live_peak_mb']:.1f} MB; "
-              f"the best one-recompute plan's: "
-              + ("-" if out["reference_mb"] is None else f"{out['reference_mb']:.1f} MB"))
+        print(f"live peak of the plan under ideal allocation: {mb_text(out['live_peak_mb'], 1)}; "
+              + (f"no reference: {out['reference_note']}" if out["reference_mb"] is None
+                 else f"the best one-recompute plan's: {mb_text(out['reference_mb'], 1)}"))
     print("\n".join(memory_share(p)))
     return 0
 
@@ -278,20 +314,16 @@ def cmd_viz(args) -> int:
 
 def _shape_template(text: str) -> tuple[str, tuple[int | str, ...]]:
     """NAME=N,3,224,224: integers, and N where the batch goes."""
-    if "=" not in text:
-        raise PlanError(f"--shape takes NAME=N,D1,..., e.g. data=N,3,224,224; got {text!r}")
-    name, dims = text.split("=", 1)
+    name, dims = _dims(text, "N,D1,...", "N,3,224,224")
     out: list[int | str] = []
-    for d in (d.strip() for d in dims.split(",") if d.strip()):
+    for d in dims:
         if d.upper() == "N":
             out.append("N")
         elif d.isdigit() and int(d) > 0:
             out.append(int(d))
         else:
             raise PlanError(f"--shape {text!r}: dimensions must be positive integers or N")
-    if not out:
-        raise PlanError(f"--shape {text!r}: no dimensions")
-    return name.strip(), tuple(out)
+    return name, tuple(out)
 
 
 def cmd_fit(args) -> int:
@@ -320,7 +352,8 @@ def cmd_fit(args) -> int:
             raise PlanError("give --shape NAME=N,D1,... with the batch written as N")
 
         sym = load_symbol(args.symbol)
-        search = fitting.batch_search(sym, dict(map(_shape_template, args.shape)), _dtype(args))
+        shapes = _shapes(args.shape, _shape_template)
+        search = fitting.batch_search(sym, shapes, _dtype(args, shapes))
         what = args.symbol
     rows = [(p, *search.largest(p, memory)) for p in policies]
     key = search.key
@@ -361,7 +394,16 @@ def cmd_run(args) -> int:
     enable(args.policy, args.budget)
     sys.argv = [str(script), *args.args]
     sys.path.insert(0, str(script.resolve().parent))
-    runpy.run_path(str(script), run_name="__main__")
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except BrokenPipeError:  # the reader left: main's quiet ending, as for every command
+        raise
+    except Exception as exc:  # as `python SCRIPT.py` shows it: the script's frames only
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_globals.get("__name__") in (__name__, "runpy"):
+            tb = tb.tb_next
+        sys.excepthook(type(exc), exc, exc.with_traceback(tb).__traceback__)
+        return 1
     return 0
 
 

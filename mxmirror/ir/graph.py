@@ -205,9 +205,9 @@ def normalize_grad_req(arguments: list[str], grad_req: Any,
         if unknown:
             raise PlanError(f"grad_req names unknown arguments: {sorted(unknown)}")
         req = {a: grad_req[a] if a in grad_req else default(a) for a in arguments}
-    bad = {v for v in req.values() if v not in (*GRAD_REQS, "inplace")}
-    if bad:
-        raise PlanError(f"grad_req must be 'null', 'write' or 'add', not {sorted(bad)}")
+    bad = sorted({repr(v) for v in req.values() if v not in (*GRAD_REQS, "inplace")})
+    if bad:  # as the user wrote them: 'bogus', not ['bogus']; any type (None, a list)
+        raise PlanError(f"grad_req must be 'null', 'write' or 'add', not {', '.join(bad)}")
     return req
 
 

@@ -4,6 +4,7 @@ is below the best one-recompute plan for the same budget too."""
 from __future__ import annotations
 
 from mxmirror.ir.graph import resident_bytes
+from mxmirror.log import mb_text
 from mxmirror.planning import budget_front
 from mxmirror.planning.analysis import Analysis
 from mxmirror.planning.choice import Choice, Decision
@@ -29,8 +30,8 @@ def decide(analysis: Analysis, name: str, budget_bytes: int | None,
         choice = Choice(base)
     elif recomputes and choice.score.planned_bytes >= base.planned_bytes:
         notes.append(f"no recomputation lowers memory here (the {name} plan: "
-                     f"{choice.score.planned_bytes / 2**20:.0f} MB, no plan: "
-                     f"{base.planned_bytes / 2**20:.0f} MB): the graph is left as it is")
+                     f"{mb_text(choice.score.planned_bytes / 2**20, 0)}, no plan: "
+                     f"{mb_text(base.planned_bytes / 2**20, 0)}): the graph is left as it is")
         choice = Choice(base)
     unplanned = analysis.blocks(frozenset())
     planned = (() if choice.segments is not None else analysis.blocks(choice.score.recomputed_ids)

@@ -163,8 +163,12 @@ class ChainModel:
         return path[::-1]
 
 
+NO_CUT = ("the forward graph has no candidate cut (no place to split it for recomputation), "
+          "so there is no one-recompute plan to compare with")  # why reference() is None
+
+
 def reference(a: Analysis) -> Reference | None:
-    """The DP's plan, re-scored (None: no candidate cut)."""
+    """The DP's plan, re-scored (None: no candidate cut, NO_CUT)."""
     if not a.cuts:
         return None
     model = ChainModel(a)

@@ -45,23 +45,29 @@ _UNITS = {"": 1, "B": 1, "KB": 2**10, "K": 2**10, "MB": 2**20, "M": 2**20, "GB":
 
 
 def parse_budget(budget: Any) -> int | None:
-    """Bytes from an int or a string like '800MB', '1.5GB'."""
+    """Bytes from an int or a string like '800MB', '1.5GB'; a fraction of a byte is dropped
+    (a plan within the whole bytes is within the budget)."""
     if budget is None:
         return None
     if isinstance(budget, bool):
         raise PlanError(f"budget must be a size such as 800MB, not {budget!r}")
     if isinstance(budget, (int, float)):
-        value = int(budget)
+        value = budget
     else:
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?B?|[kmgt]i?b)?\s*", str(budget),
                          flags=re.IGNORECASE)
         if not m:
             raise PlanError(f"budget must be a size such as 800MB or 1.5GB, not {budget!r}")
         unit = (m.group(2) or "").upper().replace("IB", "B")
-        value = int(float(m.group(1)) * _UNITS[unit])
-    if value <= 0:
+        value = float(m.group(1)) * _UNITS[unit]
+    if not value > 0:  # NaN too
         raise PlanError(f"budget must be positive, not {budget!r}")
-    return value
+    if value < 1:  # not floored to 0 bytes and then called not positive
+        raise PlanError(f"budget {budget!r} is below one byte: too small; a budget is a whole "
+                        f"number of bytes, such as 800MB")
+    if value == float("inf"):
+        raise PlanError(f"budget must be a finite size such as 800MB, not {budget!r}")
+    return int(value)
 
 
 def resolve(policy: str, budget: Any = None) -> tuple[str, int | None]:

@@ -20,6 +20,7 @@ from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
 from mxmirror.ir.graph import BindInputs, Graph
 from mxmirror.ir.symbol_json import annotate_json
+from mxmirror.log import mb_text
 from mxmirror.planning.analysis import Analysis
 from mxmirror.planning.choice import Decision
 from mxmirror.runtime.aux_order import order_aux_updates
@@ -251,12 +252,8 @@ class Plan:
     def summary(self) -> str:
         """One line (the bind hook logs it); a plan that recomputes nothing says why."""
         why = f" ({'; '.join(self.notes)})" if self.notes and not self.recomputed_ids else ""
-        return (f"mxmirror: policy={self.policy} baseline={_mb_text(self.baseline_mb)} "
-                f"planned={_mb_text(self.planned_mb)} recompute={self.recompute_ratio:.2f}x "
+        return (f"mxmirror: policy={self.policy} baseline={mb_text(self.baseline_mb, 0)} "
+                f"planned={mb_text(self.planned_mb, 0)} recompute={self.recompute_ratio:.2f}x "
                 f"mirrored={len(self.mirrored)} nodes"
                 + (f" budget={self.budget}" if self.budget else "") + why)
 
-
-def _mb_text(mb: float) -> str:
-    """Whole MB, or KB for a graph under half a MB (which would read 0 MB)."""
-    return f"{mb:.0f} MB" if mb >= 0.5 or mb == 0 else f"{mb * 1024:.0f} KB"

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mxmirror.errors import PlanError
+from mxmirror.log import mb_text
 from mxmirror.planning.analysis import node_bytes
 from mxmirror.runtime.plan import Plan
 
@@ -216,14 +217,6 @@ class Group:
     count: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ROLES, 0))
 
 
-def fmt_mb(mb: float) -> str:
-    if mb >= 100:
-        return f"{mb:.0f} MB"
-    if mb >= 0.1:
-        return f"{mb:.1f} MB"
-    return f"{mb * 1024:.1f} KB"
-
-
 def _quote(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
@@ -266,8 +259,8 @@ def _legend(plan: Plan, nseg: int, collapse) -> list[str]:
     """The graph's title and legend, as an HTML-like label (policy, baseline, planned MB)."""
     n_ops = len(plan.graph.op_nodes)
     saved = 1 - plan.planned_mb / plan.baseline_mb if plan.baseline_mb else 0.0
-    title = (f"policy={plan.policy}   baseline={plan.baseline_mb:.0f} MB   "
-             f"planned={plan.planned_mb:.0f} MB ({-saved:+.0%})   "
+    title = (f"policy={plan.policy}   baseline={mb_text(plan.baseline_mb, 0)}   "
+             f"planned={mb_text(plan.planned_mb, 0)} ({-saved:+.0%})   "
              f"recompute={plan.recompute_ratio:.2f}x extra forward")
     sub = (f"{len(plan.recomputed_ids)} of {n_ops} op nodes recomputed, "
            f"{len(plan.checkpoints)} checkpoints, {nseg} segment{'s' * (nseg != 1)}"
@@ -327,7 +320,7 @@ def to_dot(plan: Plan, collapse: str | Callable[[str], str] | None = None) -> st
         mb = sum(sum(g.mb.values()) for g in members)
         rec = sum(g.count["recomputed"] for g in members)
         ck = sum(g.count["checkpoint"] for g in members)
-        seg_label = (f"segment {s}: {len(ids)} nodes, {fmt_mb(mb)}, {rec} recomputed, "
+        seg_label = (f"segment {s}: {len(ids)} nodes, {mb_text(mb)}, {rec} recomputed, "
                      f"{ck} checkpoint{'s' * (ck != 1)}")
         boxes = [_box(plan, g, collapse, seg_label) for g in members]
         if collapse == "segment":
@@ -353,7 +346,7 @@ def to_dot(plan: Plan, collapse: str | Callable[[str], str] | None = None) -> st
                     mb = node_bytes(graph.nodes[src]) / 2**20
                 edges[key] = edges.get(key, 0.0) + mb
     for (a, b), mb in sorted(edges.items()):
-        label = f" [label={_quote(fmt_mb(mb))}]" if collapsed else ""
+        label = f" [label={_quote(mb_text(mb))}]" if collapsed else ""
         lines.append(f"  g{a} -> g{b}{label};")
     lines.append("}")
     return "\n".join(lines) + "\n"
@@ -365,17 +358,17 @@ def _box(plan: Plan, g: Group, collapse, seg_label: str) -> str:
     if len(g.ids) == 1 and collapse != "segment":
         n = graph.nodes[g.ids[0]]
         role = next(r for r in ROLES if g.count[r])
-        label = f"{n.name}\n{n.op}  {fmt_mb(mb)}"
+        label = f"{n.name}\n{n.op}  {mb_text(mb)}"
         return (f"g{g.gid} [label={_quote(label)}, class={_quote(role)}, "
                 f"tooltip={_quote(n.name)}, {_attrs(STYLE[role])}];")
     first, last = graph.nodes[g.ids[0]].name, graph.nodes[g.ids[-1]].name
     if collapse == "segment":
         head = seg_label.split(":")[0]
-        label = (f"{head}  ({len(g.ids)} nodes)\n{first} .. {last}\n{fmt_mb(mb)} forward, "
+        label = (f"{head}  ({len(g.ids)} nodes)\n{first} .. {last}\n{mb_text(mb)} forward, "
                  f"{g.count['recomputed']} recomputed, {g.count['kept']} kept, "
                  f"{g.count['checkpoint']} checkpoint{'s' * (g.count['checkpoint'] != 1)}")
     else:
-        label = (f"{g.key.split(chr(0))[0] or first}  ({len(g.ids)} nodes)\n{fmt_mb(mb)}   "
+        label = (f"{g.key.split(chr(0))[0] or first}  ({len(g.ids)} nodes)\n{mb_text(mb)}   "
                  f"{g.count['recomputed']} recomputed"
                  + (f", {g.count['kept']} kept" if g.count["kept"] else "")
                  + (f", {g.count['checkpoint']} ckpt" if g.count["checkpoint"] else ""))
