@@ -1,7 +1,7 @@
 """Bad input through the Python API and the bind hook: a clear PlanError, never a crash.
 
-Every case in ``CASES`` is a real call of ``mxmirror.plan``; ``python
-tests/test_bad_input.py`` rewrites the "Python API" section of docs/bad_input.md
+Every case in ``CASES`` is a real call of ``mxmirror.plan``; ``python -m
+tests.test_bad_input`` rewrites the "Python API" section of docs/bad_input.md
 from real runs (the CLI table above it is written by tests/test_cli.py).
 
 Also checked here: the simulator matches MXNet's own figure for float16 graphs
@@ -349,7 +349,7 @@ def write_doc(path: Path) -> None:
         rows.append(f"| {what} | `{result}` |")
     section = (
         f"{HEADING}\n\n"
-        f"{generated_by('tests/test_bad_input.py', [])} From real calls of `mxmirror.plan`\n"
+        f"{generated_by('-m', ['tests.test_bad_input'])} From real calls of `mxmirror.plan`\n"
         "(and of `enable`/`enabled` for the bind hook);\n"
         "`tests/test_bad_input.py` checks each one raises `mxmirror.PlanError` (a\n"
         "`ValueError`) with this message, no traceback text and no MXNet log prefix.\n\n"

@@ -4,7 +4,8 @@ Bad input ends with exit code 2, a last stderr line starting
 ``mxmirror: error:`` and no Python traceback.  The table of bad inputs is
 checked in-process (``cli.main`` with file-descriptor capture, so MXNet's own
 C++ log lines are seen too) and a few rows again as real processes.
-``python tests/test_cli.py`` regenerates docs/bad_input.md from real runs.
+``python -m tests.test_cli`` (from the repository's root) regenerates docs/bad_input.md from
+real runs.
 """
 
 from __future__ import annotations
@@ -561,8 +562,8 @@ def write_doc(path: Path) -> None:
         rows.append(f"| {what} | `{shown}` | {proc.returncode} | `{message}` |")
     path.write_text(
         "# Bad input\n\n"
-        f"{generated_by('tests/test_cli.py', [])} Every row was produced by a real run;\n"
-        "`python tests/test_bad_input.py` then writes the Python API section. Each ends\n"
+        f"{generated_by('-m', ['tests.test_cli'])} Every row was produced by a real run;\n"
+        "`python -m tests.test_bad_input` then writes the Python API section. Each ends\n"
         "with exit code 2, a last stderr line starting with `mxmirror: error:` and no\n"
         "Python traceback; `tests/test_cli.py` checks it.\n"
         "Files: `resnet8-symbol.json` is a CIFAR ResNet-8 (input `data`, label\n"
