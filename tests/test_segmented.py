@@ -123,6 +123,10 @@ def test_resnet_recursive_equals_unplanned(resnet) -> None:
     assert ex.aux_dict  # BatchNorm statistics were compared
     # the dry run is what happens: both replay sp.operations
     assert ex.runner.peak_kept_bytes == sp.dry.peak_bytes
+    # the arrays holding them, alive or waiting for reuse, never more; reused
+    recycler = ex.runner.recycler
+    assert recycler.peak_bytes == sp.dry.peak_bytes
+    assert recycler.made < recycler.handed
     assert ex.runner.forward_flops_run == STEPS * sp.dry.forward_flops
 
 

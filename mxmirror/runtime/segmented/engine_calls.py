@@ -7,8 +7,7 @@ out of template slots, gradient sums, forwards of small executors). Through
 itself is the same. These functions push the same computations (copies, elemwise_add,
 which computes the same sums as NDArray.__iadd__'s broadcast_add but is much faster on
 equal shapes, reset_arrays, ``MXExecutorForward``/``Backward``) with the argument arrays
-built by ctypes on the arrays' own handles, once where they are fixed (``zeroer``,
-``allocator``).
+built by ctypes on the arrays' own handles, once where they are fixed (``zeroer``).
 
 Even so, one imperative call costs MXNet about 10 us (shape, type and storage
 inference, a closure per op, the engine's bookkeeping), as much as ten copies of an LSTM
@@ -32,7 +31,8 @@ BULK = 32
 
 
 @cache
-def _lib() -> tuple:
+def mxnet_lib() -> tuple:
+    """MXNet's C library, its ``check_call`` and its NDArray handle type."""
     from mxnet.base import _LIB, NDArrayHandle, check_call
 
     return _LIB, check_call, NDArrayHandle
@@ -42,14 +42,14 @@ def _lib() -> tuple:
 def _op(name: str) -> ctypes.c_void_p:
     from mxnet.base import c_str
 
-    lib, check_call, _ = _lib()
+    lib, check_call, _ = mxnet_lib()
     h = ctypes.c_void_p()
     check_call(lib.NNGetOpHandle(c_str(name), ctypes.byref(h)))
     return h
 
 
 def _invoke(op: Any, inputs: list, out: Any) -> None:
-    lib, check_call, handle_type = _lib()
+    lib, check_call, handle_type = mxnet_lib()
     ins = (handle_type * len(inputs))(*[a.handle for a in inputs])
     outs = ctypes.pointer(out.handle)
     stypes = ctypes.POINTER(ctypes.c_int)()
@@ -100,16 +100,16 @@ class Copies:
         """Push every pending copy."""
         if not self._groups:
             return
-        lib, check_call, handle_type = _lib()
-        op, stypes = _op("_np_atleast_1d"), ctypes.POINTER(ctypes.c_int)()
+        invoke, check_call, op, handles, stypes = _copy_call()
+        byref, c_int = ctypes.byref, ctypes.c_int
         for srcs, dsts in self._groups.values():
             n = len(srcs)
-            ins = (handle_type * n)(*[a.handle for a in srcs])
-            outs = ctypes.cast((handle_type * n)(*[a.handle for a in dsts]),
-                               ctypes.POINTER(handle_type))
-            check_call(lib.MXImperativeInvokeEx(op, n, ins, ctypes.byref(ctypes.c_int(n)),
-                                                ctypes.byref(outs), 1, _NUM_ARGS,
-                                                _count(n), ctypes.byref(stypes)))
+            kind = handles(n)
+            ins, outs = kind(*[a.handle for a in srcs]), kind(*[a.handle for a in dsts])
+            # outputs: the address of a pointer to the handles (NDArrayHandle**)
+            check_call(invoke(op, n, ins, byref(c_int(n)),
+                              byref(ctypes.c_void_p(ctypes.addressof(outs))), 1, _NUM_ARGS,
+                              _count(n), byref(stypes)))
         self._groups, self._source, self._read, self._written = {}, {}, set(), set()
 
 
@@ -117,31 +117,18 @@ _NUM_ARGS = (ctypes.c_char_p * 1)(b"num_args")
 
 
 @cache
+def _copy_call() -> tuple:
+    """What a push of copies calls, looked up once: MXImperativeInvokeEx, check_call, the
+    op, the array type of n handles, and where MXNet writes the outputs' storage types
+    (never read)."""
+    lib, check_call, handle_type = mxnet_lib()
+    return (lib.MXImperativeInvokeEx, check_call, _op("_np_atleast_1d"),
+            cache(lambda n: handle_type * n), ctypes.POINTER(ctypes.c_int)())
+
+
+@cache
 def _count(n: int) -> Any:
     return (ctypes.c_char_p * 1)(str(n).encode())
-
-
-def allocator(like: Any) -> Callable[[], Any]:
-    """A function returning a new NDArray of `like`'s shape, dtype and context (its memory
-    taken when first written), its C arguments built once."""
-    import numpy as np
-    from mxnet.base import mx_uint
-    from mxnet.ndarray.ndarray import _DTYPE_NP_TO_MX, NDArray
-
-    lib, check_call, handle_type = _lib()
-    shape = tuple(like.shape)
-    dims = (mx_uint * len(shape))(*shape)
-    ctx = like.context
-    args = (dims, len(shape), ctx.device_typeid, ctx.device_id, 1,
-            _DTYPE_NP_TO_MX[np.dtype(like.dtype).type])
-    create = lib.MXNDArrayCreateEx
-
-    def new() -> Any:
-        h = handle_type()
-        check_call(create(*args, ctypes.byref(h)))
-        return NDArray(h)
-
-    return new
 
 
 def zeroer(arrays: list) -> Callable[[], None]:
@@ -149,7 +136,7 @@ def zeroer(arrays: list) -> Callable[[], None]:
     arguments built once; none when the list is empty."""
     if not arrays:
         return _nothing
-    lib, check_call, handle_type = _lib()
+    lib, check_call, handle_type = mxnet_lib()
     n = len(arrays)
     ins = (handle_type * n)(*[a.handle for a in arrays])
     keys = (ctypes.c_char_p * 1)(b"num_arrays")
@@ -177,11 +164,11 @@ def add_to(dst: Any, src: Any) -> None:
 def forward(ex: Any, is_train: bool) -> None:
     """``ex.forward(is_train)`` for an MXNet executor, without re-reading its outputs
     (its output arrays are the same NDArrays from bind on)."""
-    lib, check_call = _lib()[:2]
+    lib, check_call = mxnet_lib()[:2]
     check_call(lib.MXExecutorForward(ex.handle, ctypes.c_int(int(is_train))))
 
 
 def backward(ex: Any) -> None:
     """``ex.backward()`` for an MXNet executor whose heads are losses (no head gradients)."""
-    lib, check_call = _lib()[:2]
+    lib, check_call = mxnet_lib()[:2]
     check_call(lib.MXExecutorBackwardEx(ex.handle, 0, None, 1))

@@ -6,9 +6,10 @@ so their figures overlap and are not summed. What the plan really holds is the
 pool (the owner executor's blocks), the BatchNorm statistics the owner holds (with
 the arrays of its BatchNorm ops that hold them), every slot array bound to a template
 (shared activation slots once, each template's own parameter slots and gradients), the
-copies of the outputs, the Dropout masks, and the kept boundary values and
-gradients at their peak (measured over real steps when any are run, else the dry
-run of the same operations, which the tests check equals the measured peak).
+copies of the outputs, the Dropout masks, and the arrays holding kept boundary values
+and gradients at their peak, alive or waiting for reuse (``recycler``: measured over
+real steps when any are run, else the dry run of the same operations, which the tests
+check equals the measured peak).
 
 ``python -m mxmirror.runtime.segmented.measure JOB`` is the child: it reads the pickled
 segment plan, symbol and step count from JOB and prints one JSON object (MB, exact bytes).
@@ -51,7 +52,7 @@ def allocated_bytes(ex: Any) -> dict[str, int]:
             own += 0 if g is None or lent else array_bytes(g)
     masks = sum(array_bytes(a) for a in list(runner.ones.values()) + list(runner.masks.values()))
     ran = runner.forward_flops_run > 0
-    kept = runner.peak_kept_bytes if ran else ex.plan.dry.peak_bytes
+    kept = runner.recycler.peak_bytes if ran else ex.plan.dry.peak_bytes
     out = {"pool": pool, "slots": shared + own, "outputs": sum(array_bytes(a) for a in ex.outputs),
            "masks": masks if ran else ex.plan.mask_bytes, "statistics": statistics,
            "kept": kept}

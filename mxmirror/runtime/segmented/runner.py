@@ -26,6 +26,7 @@ from typing import Any
 from mxmirror.runtime.aux_order import settle
 from mxmirror.runtime.segmented import engine_calls as calls
 from mxmirror.runtime.segmented.pool import Templates
+from mxmirror.runtime.segmented.recycler import Recycler
 from mxmirror.runtime.segmented.steps import SegmentSteps
 from mxmirror.runtime.segmented.user_arrays import UserArrays
 from mxmirror.segments.cost import SegmentPlan
@@ -63,6 +64,8 @@ class ScheduleRunner:
         self._value_bytes: dict = {}  # boundary value entry -> bytes of its arrays
         self._runs = 0  # template runs pushed (each may overwrite the pool)
         self.peak_kept_bytes = 0  # measured: bytes of kept values and gradients at the peak
+        # the arrays holding them, reused within the plan's figure for them
+        self.recycler = Recycler(plan.dry.peak_bytes)
         # the operations are the same every step: each kind (training, inference) is
         # measured on its first run only, sparing the bookkeeping on every later one
         self._measured: set[bool] = set()
@@ -280,7 +283,7 @@ class ScheduleRunner:
         if st is None:
             seg = self.sg.segments[i - 1]
             st = self._segment_steps[i] = SegmentSteps.build(seg, self.sg, self.user,
-                                                             self.templates)
+                                                             self.templates, self.recycler)
             self._value_bytes.update(st.value_bytes)
         return st
 

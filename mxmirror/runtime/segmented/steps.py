@@ -17,6 +17,7 @@ import numpy as np
 
 from mxmirror.runtime.segmented import engine_calls as calls
 from mxmirror.runtime.segmented.pool import Templates
+from mxmirror.runtime.segmented.recycler import Recycler
 from mxmirror.runtime.segmented.user_arrays import UserArrays
 from mxmirror.segments.model import Segment, Segments
 
@@ -57,11 +58,12 @@ class SegmentSteps:
         run()
 
     @classmethod
-    def build(cls, seg: Segment, sg: Segments, user: UserArrays,
-              templates: Templates) -> SegmentSteps:
+    def build(cls, seg: Segment, sg: Segments, user: UserArrays, templates: Templates,
+              recycler: Recycler) -> SegmentSteps:
         """What running segment `seg` of `sg` touches: its template's slots, and the user's
         arrays they are filled from or emptied into (none for a slot bound to the user's
-        value or gradient: templates.user_bound, grad_bound)."""
+        value or gradient: templates.user_bound, grad_bound); the arrays that hold its
+        outputs and input gradients out of the template come from `recycler`."""
         ex = templates.executors[seg.key]
         user_bound, grad_bound = templates.user_bound, templates.grad_bound
         args, grads, auxs = ex.arg_dict, ex.grad_dict, ex.aux_dict
@@ -74,7 +76,7 @@ class SegmentSteps:
             if kind == "state":  # filled from a kept flat value: through a view of that shape
                 slot = args[name]
                 states.append((key[1], slot.reshape((prod(slot.shape),)), dtype))
-                state_grads.append((key[1], grads[name], dtype, calls.allocator(grads[name])))
+                state_grads.append((key[1], grads[name], dtype, recycler.allocator(grads[name])))
             elif kind == "arg":
                 if (seg.key, name) not in user_bound:
                     copies.append((user.arg_dict[key[1]], args[name], dtype, None, None))
@@ -97,7 +99,7 @@ class SegmentSteps:
                  for j, h in enumerate(seg.heads)]
         outs = [ex.outputs[j] for j in range(len(seg.outputs))]
         value_bytes = {e: array_bytes(a) for e, a in zip(seg.outputs, outs)}
-        outputs = [(e, e in one_hop, np.dtype(a.dtype), calls.allocator(a))
+        outputs = [(e, e in one_hop, np.dtype(a.dtype), recycler.allocator(a))
                    for e, a in zip(seg.outputs, outs)]
         return cls(ex, states, copies, masks, sg.crossing[seg.index], outputs, heads,
                    grad_inputs, param_grads, [g for _, g in param_grads], state_grads,
