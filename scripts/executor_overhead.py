@@ -242,14 +242,19 @@ def main() -> None:
     for name in args.networks.split(","):
         for threads in (int(t) for t in args.threads.split(",")):
             results: dict[str, list] = {label: [] for label, _ in srcs}
+            loads = []  # the 1-minute load average as each child starts
             for _ in range(args.rounds):
                 for label, src in srcs:
+                    loads.append(os.getloadavg()[0])
                     results[label].append(run_child(name, args.steps, threads, Path(src)))
             for label, _ in srcs:
                 head = (f"## {NETWORKS[name]}; OMP_NUM_THREADS="
                         f"{threads if threads else 'default'}"
                         + (f"; {label}" if len(srcs) > 1 else ""))
-                lines = [head, "", *table(summarize(results[label])), ""]
+                lines = [head, "", *table(summarize(results[label])),
+                         f"Machine: {os.cpu_count()} cores; load average (1 min) as each "
+                         f"child of this section started: "
+                         f"{', '.join(f'{x:.1f}' for x in loads)}.", ""]
                 print("\n".join(lines), flush=True)
                 out.extend(lines)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
