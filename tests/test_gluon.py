@@ -272,6 +272,44 @@ def test_new_shapes_plan_once_per_shape(caplog):
     assert len(planned.executors) == 2
 
 
+def shapes_by_record(policy=None) -> dict:
+    """Records calling the block on batch 2, on 3, then on both: gradients (each step),
+    parameters with BatchNorm statistics and losses."""
+    CTXS[:] = [mx.cpu(0)]
+    net = resnet()
+    net.hybridize()
+    model = net if policy is None else PlannedBlock(net, policy)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01})
+    params = list(net.collect_params().values())
+    seen = {}
+    for step, sizes in enumerate(((2,), (3,), (2, 3), (3, 2))):
+        with autograd.record():
+            loss = sum(model(mx.nd.ones((n, 3, 32, 32)) * (step + 1)).mean() for n in sizes)
+        loss.backward()
+        seen[f"loss{step}"] = loss.asnumpy()
+        for k, p in enumerate(params):
+            if p.grad_req != "null":
+                seen[f"grad{step}.{k}"] = p.grad().asnumpy()
+        trainer.step(1)
+    seen.update({f"param{k}": p.data().asnumpy() for k, p in enumerate(params)})
+    if policy is not None:
+        seen["executors"] = model.executors
+    return seen
+
+
+def test_shapes_write_the_gradient_itself_unless_they_wait_together():
+    """An executor writes the Parameters' own gradient arrays where no other executor
+    waiting for its backward writes them: the executors of batch 2 and of batch 3, in
+    records of their own, both do; in one record() the second called gets buffers: a
+    third executor (batch 3 after 2), and a fourth (batch 2 after 3). Bitwise as plain."""
+    planned = shapes_by_record("sqrt")
+    executors = planned.pop("executors")
+    assert len(executors) == 4
+    writes = [all(ex.writes(n) for n, _ in ex.trained) for ex in executors]
+    assert writes == [True, False, True, False]  # by shape: 2, 2 after 3, 3, 3 after 2
+    assert_same(planned, shapes_by_record())
+
+
 def test_inference_outside_record_is_the_block():
     CTXS[:] = [mx.cpu(0)]
     net = resnet()

@@ -175,8 +175,10 @@ def dcgan(policy=None, steps=20, batch=8):
     """Gluon's DCGAN loop, unchanged: the discriminator on real and on detached fake data
     in one record(), then the generator through the discriminator (D's input gradient
     flows into G). Under enabled(policy) the generator is planned from its second
-    record(); the discriminator, called twice in a record() where a second planned call
-    would hold more than plain Gluon keeps for it, trains itself."""
+    record() (a second call beside it would not pay); the discriminator from its first,
+    both its calls in a record() (beside the first, the second holds less than plain
+    Gluon's call with its gradient terms), and in the generator's record() once G is
+    planned: three executors (the fake input's gradient is another signature)."""
     mx.random.seed(0)
     net_g, net_d = Generator(), Discriminator()
     for net in (net_g, net_d):
@@ -206,9 +208,10 @@ def dcgan(policy=None, steps=20, batch=8):
             err_g.backward()
             trainer_g.step(batch)
             losses.append((err_d.mean().asscalar(), err_g.mean().asscalar()))
-    if policy:  # G planned, its plan recomputes; D unplanned
+    if policy:  # both planned, their plans recompute
         d, g = (mxmirror.gluon.hook.planned_for(n).executors for n in (net_d, net_g))
-        assert len(d) == 0 and len(g) == 1 and g[0].plan.mirrored
+        assert len(d) == 3 and len(g) == 1
+        assert all(ex.plan.mirrored for ex in d + g)
     values = {f"{i}.{k}": p.data().asnumpy()
               for i, net in enumerate((net_g, net_d))
               for k, p in enumerate(net.collect_params().values())}

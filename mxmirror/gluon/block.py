@@ -23,7 +23,7 @@ import mxmirror.gluon.calls as calls
 from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
 from mxmirror.gluon.backward import wrap_backward
-from mxmirror.gluon.executor import PlannedExecutor, choose_plan, new_buffer_bytes
+from mxmirror.gluon.executor import PlannedExecutor, choose_plan, new_buffer_bytes, usable
 from mxmirror.gluon.inputs import (
     CallArgs,
     dtype_name,
@@ -192,12 +192,13 @@ class PlannedBlock(load_mxnet().gluon.Block):
             ctx = given.arrays[0].context
             # a second call beside this one: its input gradients, a gradient buffer per
             # trained Parameter (the second executor's)
+            terms = nbytes([p.data(ctx) for p in trained])
             second = None if others else copies + nbytes(
                 [x for x, r in zip(given.arrays, reqs) if r == "null" and calls.is_float(x)]
-            ) + nbytes([p.data(ctx) for p in trained])
+            ) + terms
             plan, use, loop = choose_plan(self, symbol, shapes, types, grad_req, copies,
-                                          new_buffer_bytes(trained, ctx), second, others,
-                                          self._said)
+                                          new_buffer_bytes(trained, ctx), second, terms,
+                                          others, self._said)
             if plan is not None:
                 plan.release()  # kept for its binds, which read no analysed graph
             self._decided[key, others] = plan if use else False
@@ -238,9 +239,10 @@ class PlannedBlock(load_mxnet().gluon.Block):
         pool = self._executors.setdefault(key, [])
         for ex in list(pool):
             if ex.free():
-                if ex.current(params):
+                if not ex.current(params):
+                    pool.remove(ex)  # its Parameters' arrays were replaced (cast, reset_ctx)
+                elif usable(ex):  # else a waiting call writes a gradient where it would
                     return ex
-                pool.remove(ex)  # its Parameters' arrays were replaced (cast, reset_ctx)
         ex = PlannedExecutor(symbol, given.names, given.arrays, reqs, params, ctx, plan)
         pool.append(ex)
         args, kwargs = given.rebuilt(given.arrays)

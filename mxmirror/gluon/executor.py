@@ -34,50 +34,74 @@ from mxmirror.sim import memory_plan
 
 SHARED_AFTER = 4  # the executors of a Parameter from the 4th share one gradient buffer
 
-# Parameter -> {context: {"writer": weakref to the executor writing Parameter.grad,
-#                         "buffers": [the other executors' gradient arrays],
-#                         "others": the other executors}}
+# Parameter -> {context: {"executors": every live executor training it there,
+#                         "buffers": the gradient arrays of executors other than a writer}}
 _grad_targets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _buffer_index(p: Any, ctx: Any) -> int | None:
-    """Which gradient buffer of p on ctx an executor bound now writes, or None where it
-    writes `p.grad(ctx)` (no live executor of p on ctx does)."""
+def _slot(p: Any, ctx: Any) -> dict:
+    return _grad_targets.setdefault(p, {}).setdefault(
+        str(ctx), {"executors": weakref.WeakSet(), "buffers": []})
+
+
+def _busy_targets(p: Any, ctx: Any) -> set[int]:
+    """ids of the arrays that executors waiting for their backward write p's gradient in."""
     slot = _grad_targets.get(p, {}).get(str(ctx))
-    writer = slot["writer"]() if slot and slot["writer"] is not None else None
-    if writer is None or not writer.current_for(p):
+    if not slot:
+        return set()
+    return {id(ex.grad_term(name)) for ex in list(slot["executors"]) if not ex.free()
+            for name, q in ex.trained if q is p}
+
+
+def _free_target(p: Any, ctx: Any) -> int | None:
+    """Where an executor bound now writes p's gradient: None for `p.grad(ctx)`, else the
+    index of a buffer. The first array no executor waiting for its backward writes (so
+    executors of calls that never wait together, other input shapes, all write the
+    gradient itself); the last buffer is shared."""
+    busy = _busy_targets(p, ctx)
+    if id(p.grad(ctx)) not in busy:
         return None
-    return min(len(slot["others"]), SHARED_AFTER - 2)
+    buffers = _slot(p, ctx)["buffers"]
+    for index in range(SHARED_AFTER - 2):
+        if index >= len(buffers) or id(buffers[index]) not in busy:
+            return index
+    return SHARED_AFTER - 2
 
 
 def new_buffer_bytes(trained: list, ctx: Any) -> int:
     """Bytes of the gradient buffers an executor bound now on ctx would allocate for the
-    Parameters it trains (`trained`): a second, third and fourth executor each add one
-    of every Parameter, the size of its gradient."""
+    Parameters it trains (`trained`): beside a second, third and fourth executor waiting
+    for its backward, one of every Parameter, the size of its gradient."""
     total = 0
     for p in trained:
-        index = _buffer_index(p, ctx)
-        if index is not None:
-            missing = index + 1 - len(_grad_targets[p][str(ctx)]["buffers"])
-            total += max(0, missing) * nbytes([p.data(ctx)])
+        index = _free_target(p, ctx)
+        if index is not None and index >= len(_slot(p, ctx)["buffers"]):
+            total += nbytes([p.data(ctx)])
     return total
 
 
 def _grad_target(p: Any, ctx: Any, executor: PlannedExecutor) -> tuple[Any, bool]:
-    """The array `executor` writes `p`'s gradient into, and whether later executors write
-    it too: `p.grad(ctx)` for the first live executor of p on ctx, else a buffer (the 2nd
-    and 3rd their own, later ones one)."""
+    """The array `executor` writes `p`'s gradient into, and whether other executors write
+    it too while it waits (the shared buffer)."""
     mx = load_mxnet()
-    slot = _grad_targets.setdefault(p, {}).setdefault(
-        str(ctx), {"writer": None, "buffers": [], "others": weakref.WeakSet()})
-    index = _buffer_index(p, ctx)
+    slot = _slot(p, ctx)
+    index = _free_target(p, ctx)
+    slot["executors"].add(executor)
     if index is None:
-        slot["writer"] = weakref.ref(executor)
         return p.grad(ctx), False
-    slot["others"].add(executor)
     while len(slot["buffers"]) <= index:
         slot["buffers"].append(mx.nd.zeros(p.shape, ctx, dtype=p.dtype))
     return slot["buffers"][index], index == SHARED_AFTER - 2
+
+
+def usable(executor: PlannedExecutor) -> bool:
+    """No executor waiting for its backward writes a gradient where this one would (the
+    shared buffer aside): else a call needs another executor."""
+    for name, p in executor.trained:
+        target = executor.grad_term(name)
+        if name not in executor._reused and id(target) in _busy_targets(p, executor.ctx):
+            return False
+    return True
 
 
 def retained_bytes(graph: Graph) -> int:
@@ -162,11 +186,6 @@ class PlannedExecutor:
         p = dict(self.trained)[name]
         return self._grads[name] is p.grad(self.ctx)
 
-    def current_for(self, p: Any) -> bool:
-        """It is bound to p's current data and writes p's current gradient array."""
-        return any(q is p and self.exec.arg_dict[n] is p.data(self.ctx) and self.writes(n)
-                   for n, q in self.trained)
-
     def grad_term(self, name: str) -> Any:
         """The array holding this executor's gradient of Parameter `name` after backward."""
         return self._grads[name]
@@ -181,10 +200,10 @@ class PlannedExecutor:
         if any(params[n].data(ctx) is not a for n, a in self.aux.items()):
             return False
         for name, p in self.trained:
-            slot = _grad_targets.get(p, {}).get(str(ctx), {})
-            writer = slot.get("writer")
-            if params[name].data(ctx) is not self.exec.arg_dict[name] or \
-                    (writer is not None and writer() is self and not self.writes(name)):
+            target = self._grads[name]
+            if params[name].data(ctx) is not self.exec.arg_dict[name] or not (
+                    target is p.grad(ctx) or
+                    any(target is b for b in _slot(p, ctx)["buffers"])):
                 return False
         return True
 
@@ -223,8 +242,8 @@ def size_text(n: float) -> str:
 
 
 def choose_plan(owner: Any, symbol: Any, input_shapes: dict, types: dict, reqs: dict,
-                copies: int, buffers: int, second: int | None, others_pending: bool,
-                said: dict) -> tuple[Any, bool, bool]:
+                copies: int, buffers: int, second: int | None, terms: int,
+                others_pending: bool, said: dict) -> tuple[Any, bool, bool]:
     """The plan for the block's graph (None for policy none), whether to bind it, and
     whether a second call beside it would be bound too. A plan is used only when it
     saves more than what a call holds besides MXNet's figure: its copies (`copies`
@@ -232,7 +251,10 @@ def choose_plan(owner: Any, symbol: Any, input_shapes: dict, types: dict, reqs: 
     bind would add (`buffers`: a second to fourth executor of the Parameters) and the
     layout copies its executor keeps outside MXNet's figure (executor_own_bytes); beside
     another call waiting for its backward, only when the planned executor, the copies and
-    the buffers hold less than plain Gluon keeps for one call. For a first call, `second`
+    the buffers hold less than plain Gluon keeps for one call and the gradient terms its
+    backward makes for it (`terms`: one of every Parameter the call trains, summed with
+    the other calls' afterwards; measured: a Dense layer's 64 MB weight adds 64-69 MB of
+    peak RSS per further call, scripts/gluon_memory_notes.py). For a first call, `second`
     is what a second call would add besides its executor: where that would not be
     planned, a first call is planned only where earlier record()s called the block once
     (the caller's rule: a planned call followed by the block itself in one record() sums
@@ -258,23 +280,24 @@ def choose_plan(owner: Any, symbol: Any, input_shapes: dict, types: dict, reqs: 
         extra += (f" and the MKL-DNN layout copies its executor keeps for ops run without "
                   f"MKL-DNN ({size_text(layout)})")
     kept = retained_bytes(p.graph)
+    plain = (f"plain Gluon keeps for a call ({size_text(kept)}) with the gradient terms "
+             f"of its Parameters ({size_text(terms)})")
     if others_pending:
-        use = loop = p.planned_bytes + copies + buffers + layout < kept
+        use = loop = p.planned_bytes + copies + buffers + layout < kept + terms
         why = (f"another call of the block waits for backward(): the planned executor "
                f"({size_text(p.planned_bytes)}) with {extra} "
-               f"{'hold less' if use else 'would hold more'} than plain Gluon keeps for a "
-               f"call ({size_text(kept)})")
+               f"{'hold less' if use else 'would hold more'} than {plain}")
     else:
         saving = p.baseline_bytes - p.planned_bytes
         use = saving > copies + buffers + layout
-        loop = p.planned_bytes + second + layout < kept
+        loop = p.planned_bytes + second + layout < kept + terms
         why = (f"the plan saves {size_text(saving)}, "
                f"{'more' if use else 'not more'} than {extra}")
         if use and not loop:
             why += (f"; a second call in the same record() would not pay beside it (its "
                     f"planned executor with its copies and a gradient buffer per Parameter: "
-                    f"{size_text(p.planned_bytes + second + layout)}; plain Gluon keeps "
-                    f"{size_text(kept)} for a call), and a planned call followed by "
+                    f"{size_text(p.planned_bytes + second + layout)}; {plain}), and a "
+                    f"planned call followed by "
                     f"unplanned ones would not sum the Parameters' gradients as plain Gluon "
                     f"does: a record() that calls the block more than once trains it "
                     f"unplanned, and it is planned from the second record() on where each "
