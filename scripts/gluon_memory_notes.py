@@ -10,6 +10,11 @@ figures docs/gluon.md reads that table with.
 3. An executor's memory beyond MXNet's figure: the process's growth over 3 training steps
    of MXNet's executor bound on the Parameters' arrays, unplanned, vs the CachedOp's, and
    the MKL-DNN layout copies mxmirror counts for that executor (sim/storage_fallback.py).
+4. What a further call of a block in one record() costs plain Gluon, against PlannedBlock:
+   peak RSS over 3 steps where each record() calls it 1 to 4 times (a Dense layer's 64 MB
+   weight, and ResNet-50 at batch 8, 32x32 plain and sqrt). Plain Gluon's backward makes
+   a gradient term of every Parameter for each call and sums them afterwards, which the
+   decision counts beside a second planned call (gluon/executor.choose_plan).
 
 Each measurement runs in a child process of its own.
 
@@ -72,10 +77,9 @@ def lm_figures() -> list[str]:
 
 
 def overhead_child(mode: str) -> None:
-    import resource
 
     import mxnet as mx
-    from mxnet import autograd, gluon
+    from mxnet import gluon
     from mxnet.gluon.model_zoo import vision
 
     mx.random.seed(0)
@@ -92,15 +96,26 @@ def overhead_child(mode: str) -> None:
         run = PlannedBlock(net, "sqrt")
     x = mx.nd.random.uniform(shape=(8, 3, 32, 32))
     y = mx.nd.array([i % 10 for i in range(8)])
+    _three_steps(net, run, lambda: gluon.loss.SoftmaxCrossEntropyLoss()(run(x), y))
+
+
+def _three_steps(net, run, loss_of) -> None:
+    """3 Trainer steps (SGD with momentum) of loss_of(); print the peak RSS and whether
+    each plan was used."""
+    import resource
+
+    import mxnet as mx
+    from mxnet import autograd, gluon
+
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01,
                                                           "momentum": 0.9})
     for _ in range(3):
         with autograd.record():
-            loss = gluon.loss.SoftmaxCrossEntropyLoss()(run(x), y)
+            loss = loss_of()
         loss.backward()
         trainer.step(8)
         mx.nd.waitall()
-    used = [u for _, u in run.decisions] if mode != "plain" else []
+    used = [u for _, u in run.decisions] if run is not net else []
     print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "used": used}))
 
@@ -147,6 +162,30 @@ def executor_child(name: str, how: str, batch: str, side: str) -> None:
                       "copies_mb": copies if how == "executor" else None}))
 
 
+def calls_child(name: str, mode: str, count: str) -> None:
+    """3 Trainer steps of `name` ('dense' or a model-zoo network) called `count` times in
+    each record(), plain or PlannedBlock(mode): the peak RSS."""
+
+    import mxnet as mx
+    from mxnet import gluon
+    from mxnet.gluon.model_zoo import vision
+
+    mx.random.seed(0)
+    if name == "dense":
+        net, shape = gluon.nn.Dense(4096, in_units=4096, use_bias=False), (2, 4096)
+    else:
+        net, shape = vision.get_model(name, classes=10), (8, 3, 32, 32)
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    run = net
+    if mode != "plain":
+        from mxmirror.gluon import PlannedBlock
+
+        run = PlannedBlock(net, mode)
+    xs = [mx.nd.random.uniform(shape=shape) for _ in range(int(count))]
+    _three_steps(net, run, lambda: sum(run(x).mean() for x in xs))
+
+
 def child(args: list[str]) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (str(ROOT), str(ROOT / "scripts"), os.environ.get("PYTHONPATH")) if p))
@@ -169,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps(lm_figures()))
         elif kind == "overhead":
             overhead_child(*rest)
+        elif kind == "calls":
+            calls_child(*rest)
         else:
             executor_child(*rest)
         return
@@ -200,6 +241,18 @@ def main(argv: list[str] | None = None) -> None:
                       for how in ("executor", "cachedop"))
         lines.append(f"| {name}, {batch}, {side}x{side} | {ex['growth_mb']:.0f} "
                      f"({ex['figure_mb']}; {ex['copies_mb']:.0f}) | {cached['growth_mb']:.0f} |")
+    lines += ["", "Peak RSS MB over 3 steps where each record() calls the block 1 to 4 times "
+              "(plan used: yes for every call, else said):", "",
+              "| block, mode | 1 call | 2 calls | 3 calls | 4 calls |", "|---|---|---|---|---|"]
+    for name, mode in (("dense", "plain"), ("resnet50_v1", "plain"), ("resnet50_v1", "sqrt")):
+        cells = []
+        for count in range(1, 5):
+            found = child(["calls", name, mode, str(count)])
+            unused = "" if all(found["used"]) else " (trained unplanned)"
+            cells.append(f"{found['peak_rss_mb']:.0f}{unused}")
+        label = "Dense 4096x4096 (64 MB weight)" if name == "dense" else \
+            f"{name}, batch 8, 32x32"
+        lines.append(f"| {label}, {mode} | " + " | ".join(cells) + " |")
     write_section(args.out, "gluon_memory_notes", lines)
 
 
