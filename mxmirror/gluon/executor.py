@@ -27,7 +27,7 @@ from mxmirror.errors import PlanError
 from mxmirror.gluon.inputs import nbytes, shapes_text, variable_name
 from mxmirror.ir import ops
 from mxmirror.ir.graph import Graph
-from mxmirror.log import log
+from mxmirror.log import log, mb_text
 from mxmirror.runtime.aux_order import order_aux_updates
 from mxmirror.runtime.binds import unhooked
 from mxmirror.sim import memory_plan
@@ -235,12 +235,6 @@ class PlannedExecutor:
         return False
 
 
-def size_text(n: float) -> str:
-    """Bytes as a log line shows them: MB, or KB where that reads below 1024."""
-    kb = round(n / 2**10)
-    return f"{n / 2**20:.1f} MB" if kb >= 1024 else f"{kb} KB"
-
-
 def choose_plan(owner: Any, symbol: Any, input_shapes: dict, types: dict, reqs: dict,
                 copies: int, buffers: int, second: int | None, terms: int,
                 others_pending: bool, said: dict) -> tuple[Any, bool, bool]:
@@ -273,30 +267,31 @@ def choose_plan(owner: Any, symbol: Any, input_shapes: dict, types: dict, reqs: 
                   grad_req=reqs, or_smallest=True, **input_shapes)
     summary = p.summary().replace("mxmirror: ", "")
     layout = executor_own_bytes(p)
-    extra = f"PlannedBlock's input and output copies and their gradients ({size_text(copies)})"
+    extra = (f"PlannedBlock's input and output copies and their gradients "
+             f"({mb_text(copies / 2**20)})")
     if buffers:
-        extra += f" and the Parameters' gradient buffers ({size_text(buffers)})"
+        extra += f" and the Parameters' gradient buffers ({mb_text(buffers / 2**20)})"
     if layout:
         extra += (f" and the MKL-DNN layout copies its executor keeps for ops run without "
-                  f"MKL-DNN ({size_text(layout)})")
+                  f"MKL-DNN ({mb_text(layout / 2**20)})")
     kept = retained_bytes(p.graph)
-    plain = (f"plain Gluon keeps for a call ({size_text(kept)}) with the gradient terms "
-             f"of its Parameters ({size_text(terms)})")
+    plain = (f"plain Gluon keeps for a call ({mb_text(kept / 2**20)}) with the gradient terms "
+             f"of its Parameters ({mb_text(terms / 2**20)})")
     if others_pending:
         use = loop = p.planned_bytes + copies + buffers + layout < kept + terms
         why = (f"another call of the block waits for backward(): the planned executor "
-               f"({size_text(p.planned_bytes)}) with {extra} "
+               f"({mb_text(p.planned_bytes / 2**20)}) with {extra} "
                f"{'hold less' if use else 'would hold more'} than {plain}")
     else:
         saving = p.baseline_bytes - p.planned_bytes
         use = saving > copies + buffers + layout
         loop = p.planned_bytes + second + layout < kept + terms
-        why = (f"the plan saves {size_text(saving)}, "
+        why = (f"the plan saves {mb_text(saving / 2**20)}, "
                f"{'more' if use else 'not more'} than {extra}")
         if use and not loop:
             why += (f"; a second call in the same record() would not pay beside it (its "
                     f"planned executor with its copies and a gradient buffer per Parameter: "
-                    f"{size_text(p.planned_bytes + second + layout)}; {plain}), and a "
+                    f"{mb_text((p.planned_bytes + second + layout) / 2**20)}; {plain}), and a "
                     f"planned call followed by "
                     f"unplanned ones would not sum the Parameters' gradients as plain Gluon "
                     f"does: a record() that calls the block more than once trains it "
