@@ -310,6 +310,43 @@ def test_shapes_write_the_gradient_itself_unless_they_wait_together():
     assert_same(planned, shapes_by_record())
 
 
+def eight_calls(policy=None) -> dict:
+    """Two records calling the block 8 times each: gradients, parameters and losses."""
+    CTXS[:] = [mx.cpu(0)]
+    net = resnet()
+    net.hybridize()
+    model = net if policy is None else PlannedBlock(net, policy)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01})
+    params = list(net.collect_params().values())
+    seen = {}
+    for step in range(2):
+        with autograd.record():
+            loss = sum(model(mx.nd.ones((2, 3, 32, 32)) * (i + step)).mean() for i in range(8))
+        loss.backward()
+        seen[f"loss{step}"] = loss.asnumpy()
+        seen.update({f"grad{step}.{k}": p.grad().asnumpy() for k, p in enumerate(params)
+                     if p.grad_req != "null"})
+        trainer.step(1)
+        if policy is not None:
+            seen[f"executors{step}"] = len(model.executors)
+            seen[f"buffers{step}"] = sum(len(slot["buffers"]) for p in params for slot in
+                                         gluon_executor._grad_targets.get(p, {}).values())
+    seen.update({f"param{k}": p.data().asnumpy() for k, p in enumerate(params)})
+    return seen
+
+
+def test_eight_calls_in_a_first_record_then_unplanned():
+    """Plain Gluon holds a gradient term per call while it sums fewer than 8 with
+    ElementWiseSum, so a call beside a planned one is weighed with it (here a second call
+    pays only so); from 8 calls MXNet chains the sum and frees terms early: the first
+    record(), which cannot know, plans all 8, and the next trains unplanned, its executors
+    and their gradient buffers let go. Bitwise as plain."""
+    planned = eight_calls("sqrt")
+    assert (planned.pop("executors0"), planned.pop("executors1")) == (8, 0)
+    assert (planned.pop("buffers0"), planned.pop("buffers1")) == (3 * 62, 0)  # 62 trained
+    assert_same(planned, eight_calls())
+
+
 def test_inference_outside_record_is_the_block():
     CTXS[:] = [mx.cpu(0)]
     net = resnet()

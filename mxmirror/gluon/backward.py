@@ -111,6 +111,8 @@ class _Backward:
         self.leaves: dict[int, tuple] = {}  # id -> (marked input, its var, {call: grad})
         self.sums: dict[tuple, RunningSum] = {}  # (Parameter, ctx): its gradient's terms
         self.param_facts: dict[tuple, tuple] = {}  # (Parameter, ctx) -> (Parameter, context)
+        self.shared: set = set()  # ((Parameter, ctx), id of an array): several reached
+        # executors write that gradient term (the shared buffer), so an early term is copied
         self.given: dict[str, list] = {}  # autograd.grad: each pass's gradient by variable
         self.restore: dict[tuple, Any] = {}  # autograd.grad: gradient arrays to put back
         self.results: list[list] = [[] for _ in variables or []]
@@ -303,7 +305,8 @@ class _Backward:
             elif s.kind == "remarked":
                 s.entry.terms[call] = g
         for name, p in ex.trained:
-            self.sums[p, str(ex.ctx)].add(call, ex.grad_term(name), ex.reuses(name))
+            key, term = (p, str(ex.ctx)), ex.grad_term(name)
+            self.sums[key].add(call, term, (key, id(term)) in self.shared)
 
     def _flush(self, group: list) -> None:
         """autograd's backward of re-marked inputs' histories, each with its summed
@@ -364,6 +367,7 @@ class _Backward:
         kept: dict[tuple, Any] = {}
         trainers: dict[tuple, list] = {}
         writers: set = set()
+        seen: set = set()
         for call in reached:
             ex = call.executor
             for name, p in ex.trained:
@@ -372,6 +376,10 @@ class _Backward:
                 self.param_facts[key] = (p, ex.ctx, ex.param_vars[name])
                 if ex.writes(name):
                     writers.add(key)
+                target = (key, id(ex.grad_term(name)))
+                if target in seen:
+                    self.shared.add(target)
+                seen.add(target)
         for key, who in trainers.items():
             p, ctx, var_name = self.param_facts[key]
             data, grad = p.data(ctx), p.grad(ctx)

@@ -23,7 +23,13 @@ import mxmirror.gluon.calls as calls
 from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
 from mxmirror.gluon.backward import wrap_backward
-from mxmirror.gluon.executor import PlannedExecutor, choose_plan, new_buffer_bytes, usable
+from mxmirror.gluon.executor import (
+    PlannedExecutor,
+    choose_plan,
+    forget,
+    new_buffer_bytes,
+    usable,
+)
 from mxmirror.gluon.inputs import (
     CallArgs,
     dtype_name,
@@ -32,6 +38,7 @@ from mxmirror.gluon.inputs import (
     shapes_text,
     unsupported,
 )
+from mxmirror.gluon.sums import CHAIN_FROM
 from mxmirror.log import log
 from mxmirror.log import show as show_log
 from mxmirror.planning.registry import resolve
@@ -101,8 +108,8 @@ class PlannedBlock(load_mxnet().gluon.Block):
         """(plan, used) for every signature and situation planned so far: a plan that
         would not pay is kept too (used False), policy none has no plan."""
         out = []
-        for (key, others), decided in self._decided.items():
-            out.append((decided if decided is not False else self._unused[key, others],
+        for situation, decided in self._decided.items():
+            out.append((decided if decided is not False else self._unused[situation],
                         decided is not False))
         return out
 
@@ -186,7 +193,11 @@ class PlannedBlock(load_mxnet().gluon.Block):
                 [o for o in outs if calls.is_float(o)])
             self._plans[key] = (shapes, types, grad_req, symbol, fmt, copies)
         shapes, types, grad_req, symbol, fmt, copies = self._plans[key]
-        if (key, others) not in self._decided:
+        # plain Gluon's backward holds a gradient term of every Parameter per call where it
+        # sums them with ElementWiseSum; from CHAIN_FROM calls, chained, it may not
+        credited = max(self._records[key[0]][1:]) < CHAIN_FROM
+        situation = (key, others, credited)
+        if situation not in self._decided:
             trained = [params[n] for n in symbol.list_arguments()
                        if n in params and params[n].grad_req != "null"]
             ctx = given.arrays[0].context
@@ -197,15 +208,15 @@ class PlannedBlock(load_mxnet().gluon.Block):
                 [x for x, r in zip(given.arrays, reqs) if r == "null" and calls.is_float(x)]
             ) + terms
             plan, use, loop = choose_plan(self, symbol, shapes, types, grad_req, copies,
-                                          new_buffer_bytes(trained, ctx), second, terms,
-                                          others, self._said)
+                                          new_buffer_bytes(trained, ctx), second,
+                                          terms if credited else 0, others, self._said)
             if plan is not None:
                 plan.release()  # kept for its binds, which read no analysed graph
-            self._decided[key, others] = plan if use else False
-            self._loops[key, others] = loop
+            self._decided[situation] = plan if use else False
+            self._loops[situation] = loop
             if not use:
-                self._unused[key, others] = plan
-        plan = self._decided[key, others]
+                self._unused[situation] = plan
+        plan = self._decided[situation]
         if plan is False and others:
             # beside a planned call of this record(): a planned call followed by unplanned
             # ones sums the Parameters' gradients otherwise than plain Gluon (for 3 to 5
@@ -217,11 +228,22 @@ class PlannedBlock(load_mxnet().gluon.Block):
                          f"though it does not pay there: a planned call followed by unplanned "
                          f"ones would not sum the Parameters' gradients as plain Gluon does; "
                          f"the next record() trains the block unplanned")
-            return self._unused[key, others], symbol, fmt
-        if plan is not False and not self._loops[key, others] and \
+            return self._unused[situation], symbol, fmt
+        if plan is not False and not self._loops[situation] and \
                 self._records[key[0]][2] != 1:
-            return False, symbol, fmt  # planned once records() have called it once each
+            # planned once records() have called it once each, which no later one can
+            # change: the executors bound on this context are let go
+            self._forget(key[0])
+            return False, symbol, fmt
         return plan, symbol, fmt
+
+    def _forget(self, ctx: str) -> None:
+        """Let go of the free executors on `ctx` (and the gradient buffers only they used)."""
+        for key, pool in self._executors.items():
+            if key[0] == ctx:
+                free = [ex for ex in pool if ex.free()]
+                pool[:] = [ex for ex in pool if ex not in free]
+                forget(free)
 
     def _count_call(self, ctx: str) -> None:
         """Count the block's calls per record(): a first call whose plan pays alone but

@@ -94,6 +94,17 @@ def _grad_target(p: Any, ctx: Any, executor: PlannedExecutor) -> tuple[Any, bool
     return slot["buffers"][index], index == SHARED_AFTER - 2
 
 
+def forget(executors: list) -> None:
+    """Executors no call will use again: the gradient buffers of a Parameter are let go
+    once no other executor of it is left on that context."""
+    for ex in executors:
+        for _, p in ex.trained:
+            slot = _slot(p, ex.ctx)
+            slot["executors"].discard(ex)
+            if not len(slot["executors"]):
+                slot["buffers"].clear()
+
+
 def usable(executor: PlannedExecutor) -> bool:
     """No executor waiting for its backward writes a gradient where this one would (the
     shared buffer aside): else a call needs another executor."""
@@ -190,10 +201,6 @@ class PlannedExecutor:
         """The array holding this executor's gradient of Parameter `name` after backward."""
         return self._grads[name]
 
-    def reuses(self, name: str) -> bool:
-        """Another executor writes its gradient of `name` into the same array."""
-        return name in self._reused
-
     def current(self, params: dict) -> bool:
         """Still bound to the Parameters' own arrays (cast or reset_ctx replace them)."""
         ctx = self.ctx
@@ -275,8 +282,9 @@ def choose_plan(owner: Any, symbol: Any, input_shapes: dict, types: dict, reqs: 
         extra += (f" and the MKL-DNN layout copies its executor keeps for ops run without "
                   f"MKL-DNN ({mb_text(layout / 2**20)})")
     kept = retained_bytes(p.graph)
-    plain = (f"plain Gluon keeps for a call ({mb_text(kept / 2**20)}) with the gradient terms "
-             f"of its Parameters ({mb_text(terms / 2**20)})")
+    plain = f"plain Gluon keeps for a call ({mb_text(kept / 2**20)})"
+    if terms:
+        plain += f" with the gradient terms of its Parameters ({mb_text(terms / 2**20)})"
     if others_pending:
         use = loop = p.planned_bytes + copies + buffers + layout < kept + terms
         why = (f"another call of the block waits for backward(): the planned executor "

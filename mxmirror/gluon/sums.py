@@ -17,6 +17,8 @@ from typing import Any
 
 from mxmirror.adapter.symbol import load_mxnet
 
+CHAIN_FROM = 8  # MXNet sums fewer terms with one ElementWiseSum, from 8 with a _grad_add chain
+
 
 def combine(terms: list) -> Any:
     """The sum MXNet's AggregateGradient makes of these terms, in this order: the term
@@ -37,7 +39,7 @@ def accumulate(dst: Any, old: Any, terms: list) -> None:
     """dst = old plus the terms, as MXNet adds a sum into a gradient with grad_req 'add'
     (kAddTo): the sum added to the old value, except ElementWiseSum of 5 to 7 terms, which
     adds each term to the old value in turn."""
-    if 5 <= len(terms) < 8:
+    if 5 <= len(terms) < CHAIN_FROM:
         total = old + terms[0]
         for t in terms[1:]:
             total += t
@@ -58,7 +60,7 @@ class RunningSum:
         self.next = 0
         self.total = None
         self.folded = 0
-        self.old = old if 5 <= len(order) < 8 else None  # kAddTo of 5 to 7: from old
+        self.old = old if 5 <= len(order) < CHAIN_FROM else None  # kAddTo of 5 to 7: from old
 
     def add(self, who: Any, term: Any, reused: bool) -> None:
         at = self.order.index(who)
