@@ -272,9 +272,11 @@ def test_new_shapes_plan_once_per_shape(caplog):
     assert len(planned.executors) == 2
 
 
-def shapes_by_record(policy=None) -> dict:
-    """Records calling the block on batch 2, on 3, then on both: gradients (each step),
-    parameters with BatchNorm statistics and losses."""
+def by_record(records: list, policy=None) -> tuple[dict, object]:
+    """Trainer steps of records() that call the block on ones(batch, 3, 32, 32) * scale for
+    each (batch, scale) listed: losses, gradients (each step), parameters with BatchNorm
+    statistics; for a plan the executors and gradient buffers after each step. And the
+    model."""
     CTXS[:] = [mx.cpu(0)]
     net = resnet()
     net.hybridize()
@@ -282,46 +284,9 @@ def shapes_by_record(policy=None) -> dict:
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01})
     params = list(net.collect_params().values())
     seen = {}
-    for step, sizes in enumerate(((2,), (3,), (2, 3), (3, 2))):
+    for step, record in enumerate(records):
         with autograd.record():
-            loss = sum(model(mx.nd.ones((n, 3, 32, 32)) * (step + 1)).mean() for n in sizes)
-        loss.backward()
-        seen[f"loss{step}"] = loss.asnumpy()
-        for k, p in enumerate(params):
-            if p.grad_req != "null":
-                seen[f"grad{step}.{k}"] = p.grad().asnumpy()
-        trainer.step(1)
-    seen.update({f"param{k}": p.data().asnumpy() for k, p in enumerate(params)})
-    if policy is not None:
-        seen["executors"] = model.executors
-    return seen
-
-
-def test_shapes_write_the_gradient_itself_unless_they_wait_together():
-    """An executor writes the Parameters' own gradient arrays where no other executor
-    waiting for its backward writes them: the executors of batch 2 and of batch 3, in
-    records of their own, both do; in one record() the second called gets buffers: a
-    third executor (batch 3 after 2), and a fourth (batch 2 after 3). Bitwise as plain."""
-    planned = shapes_by_record("sqrt")
-    executors = planned.pop("executors")
-    assert len(executors) == 4
-    writes = [all(ex.writes(n) for n, _ in ex.trained) for ex in executors]
-    assert writes == [True, False, True, False]  # by shape: 2, 2 after 3, 3, 3 after 2
-    assert_same(planned, shapes_by_record())
-
-
-def eight_calls(policy=None) -> dict:
-    """Two records calling the block 8 times each: gradients, parameters and losses."""
-    CTXS[:] = [mx.cpu(0)]
-    net = resnet()
-    net.hybridize()
-    model = net if policy is None else PlannedBlock(net, policy)
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01})
-    params = list(net.collect_params().values())
-    seen = {}
-    for step in range(2):
-        with autograd.record():
-            loss = sum(model(mx.nd.ones((2, 3, 32, 32)) * (i + step)).mean() for i in range(8))
+            loss = sum(model(mx.nd.ones((n, 3, 32, 32)) * scale).mean() for n, scale in record)
         loss.backward()
         seen[f"loss{step}"] = loss.asnumpy()
         seen.update({f"grad{step}.{k}": p.grad().asnumpy() for k, p in enumerate(params)
@@ -332,7 +297,21 @@ def eight_calls(policy=None) -> dict:
             seen[f"buffers{step}"] = sum(len(slot["buffers"]) for p in params for slot in
                                          gluon_executor._grad_targets.get(p, {}).values())
     seen.update({f"param{k}": p.data().asnumpy() for k, p in enumerate(params)})
-    return seen
+    return seen, model
+
+
+def test_shapes_write_the_gradient_itself_unless_they_wait_together():
+    """An executor writes the Parameters' own gradient arrays where no other executor
+    waiting for its backward writes them: the executors of batch 2 and of batch 3, in
+    records of their own, both do; in one record() the second called gets buffers: a
+    third executor (batch 3 after 2), and a fourth (batch 2 after 3). Bitwise as plain."""
+    records = [[(2, 1)], [(3, 2)], [(2, 3), (3, 3)], [(3, 4), (2, 4)]]
+    planned, model = by_record(records, "sqrt")
+    assert [planned.pop(f"executors{i}") for i in range(4)] == [1, 2, 3, 4]
+    assert [planned.pop(f"buffers{i}") for i in range(4)] == [0, 0, 62, 62]  # 62 trained
+    writes = [all(ex.writes(n) for n, _ in ex.trained) for ex in model.executors]
+    assert writes == [True, False, True, False]  # by shape: 2, 2 after 3, 3, 3 after 2
+    assert_same(planned, by_record(records)[0])
 
 
 def test_eight_calls_in_a_first_record_then_unplanned():
@@ -341,10 +320,11 @@ def test_eight_calls_in_a_first_record_then_unplanned():
     pays only so); from 8 calls MXNet chains the sum and frees terms early: the first
     record(), which cannot know, plans all 8, and the next trains unplanned, its executors
     and their gradient buffers let go. Bitwise as plain."""
-    planned = eight_calls("sqrt")
+    records = [[(2, i + step) for i in range(8)] for step in range(2)]
+    planned, _ = by_record(records, "sqrt")
     assert (planned.pop("executors0"), planned.pop("executors1")) == (8, 0)
-    assert (planned.pop("buffers0"), planned.pop("buffers1")) == (3 * 62, 0)  # 62 trained
-    assert_same(planned, eight_calls())
+    assert (planned.pop("buffers0"), planned.pop("buffers1")) == (3 * 62, 0)
+    assert_same(planned, by_record(records)[0])
 
 
 def test_inference_outside_record_is_the_block():
