@@ -294,7 +294,7 @@ def by_record(records: list, policy=None) -> tuple[dict, object]:
         trainer.step(1)
         if policy is not None:
             seen[f"executors{step}"] = len(model.executors)
-            seen[f"buffers{step}"] = sum(len(slot["buffers"]) for p in params for slot in
+            seen[f"buffers{step}"] = sum(len(buffers) for p in params for buffers in
                                          gluon_executor._grad_targets.get(p, {}).values())
     seen.update({f"param{k}": p.data().asnumpy() for k, p in enumerate(params)})
     return seen, model

@@ -3,11 +3,11 @@ a plan is worth binding at all.
 
 Every backward runs from the caller's thread, after autograd's own and before backward()
 returns (backward.py), so an executor can read the Parameters' own arrays (a Trainer
-step queued later is ordered after it by MXNet's engine) and write their gradients: the
-first executor of a Parameter on a context writes its gradient array; where other
-executors train it too (a second call, a tied weight) the second and third get a buffer
-each, the fourth and later share one (sums of 5 and more terms are sequential, so each
-term is added before the next is written).
+step queued later is ordered after it by MXNet's engine) and write their gradients: an
+executor writes a Parameter's gradient array where no executor waiting for its backward
+beside it does; beside one (a second call, a tied weight) the second and third get a
+buffer each, the fourth and later share one (a term is copied before another executor of
+the same backward writes it again).
 What a call holds besides MXNet's own figure are its input and output copies and their
 gradients, a second to fourth executor of a Parameter its gradient buffers and, with
 MKL-DNN on, the default-layout copies the executor's storage fallback keeps (plain Gluon's
@@ -34,34 +34,33 @@ from mxmirror.sim import memory_plan
 
 SHARED_AFTER = 4  # the executors of a Parameter from the 4th share one gradient buffer
 
-# Parameter -> {context: {"executors": every live executor training it there,
-#                         "buffers": the gradient arrays of executors other than a writer}}
+_live: dict[str, weakref.WeakSet] = {}  # context -> every live executor bound there
+# Parameter -> {context: [the gradient arrays of executors that do not write p.grad]}
 _grad_targets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _slot(p: Any, ctx: Any) -> dict:
-    return _grad_targets.setdefault(p, {}).setdefault(
-        str(ctx), {"executors": weakref.WeakSet(), "buffers": []})
+def _buffers(p: Any, ctx: Any) -> list:
+    return _grad_targets.setdefault(p, {}).setdefault(str(ctx), [])
 
 
-def _busy_targets(p: Any, ctx: Any) -> set[int]:
-    """ids of the arrays that executors waiting for their backward write p's gradient in."""
-    slot = _grad_targets.get(p, {}).get(str(ctx))
-    if not slot:
-        return set()
-    return {id(ex.grad_term(name)) for ex in list(slot["executors"]) if not ex.free()
-            for name, q in ex.trained if q is p}
+def _busy_arrays(ctx: Any) -> set[int]:
+    """ids of the gradient arrays that executors waiting for their backward on ctx write
+    (each array is one Parameter's: its gradient or one of its buffers)."""
+    busy: set[int] = set()
+    for ex in list(_live.get(str(ctx), ())):
+        if not ex.free():
+            busy |= ex.targets
+    return busy
 
 
-def _free_target(p: Any, ctx: Any) -> int | None:
+def _free_target(p: Any, ctx: Any, busy: set[int]) -> int | None:
     """Where an executor bound now writes p's gradient: None for `p.grad(ctx)`, else the
     index of a buffer. The first array no executor waiting for its backward writes (so
     executors of calls that never wait together, other input shapes, all write the
     gradient itself); the last buffer is shared."""
-    busy = _busy_targets(p, ctx)
     if id(p.grad(ctx)) not in busy:
         return None
-    buffers = _slot(p, ctx)["buffers"]
+    buffers = _buffers(p, ctx)
     for index in range(SHARED_AFTER - 2):
         if index >= len(buffers) or id(buffers[index]) not in busy:
             return index
@@ -72,47 +71,46 @@ def new_buffer_bytes(trained: list, ctx: Any) -> int:
     """Bytes of the gradient buffers an executor bound now on ctx would allocate for the
     Parameters it trains (`trained`): beside a second, third and fourth executor waiting
     for its backward, one of every Parameter, the size of its gradient."""
+    busy = _busy_arrays(ctx)
     total = 0
     for p in trained:
-        index = _free_target(p, ctx)
-        if index is not None and index >= len(_slot(p, ctx)["buffers"]):
+        index = _free_target(p, ctx, busy)
+        if index is not None and index >= len(_buffers(p, ctx)):
             total += nbytes([p.data(ctx)])
     return total
 
 
-def _grad_target(p: Any, ctx: Any, executor: PlannedExecutor) -> tuple[Any, bool]:
-    """The array `executor` writes `p`'s gradient into, and whether other executors write
-    it too while it waits (the shared buffer)."""
+def _grad_target(p: Any, ctx: Any, busy: set[int]) -> tuple[Any, bool]:
+    """The array an executor bound now writes `p`'s gradient into, and whether other
+    executors write it too while it waits (the shared buffer)."""
     mx = load_mxnet()
-    slot = _slot(p, ctx)
-    index = _free_target(p, ctx)
-    slot["executors"].add(executor)
+    index = _free_target(p, ctx, busy)
     if index is None:
         return p.grad(ctx), False
-    while len(slot["buffers"]) <= index:
-        slot["buffers"].append(mx.nd.zeros(p.shape, ctx, dtype=p.dtype))
-    return slot["buffers"][index], index == SHARED_AFTER - 2
+    buffers = _buffers(p, ctx)
+    while len(buffers) <= index:
+        buffers.append(mx.nd.zeros(p.shape, ctx, dtype=p.dtype))
+    return buffers[index], index == SHARED_AFTER - 2
 
 
 def forget(executors: list) -> None:
     """Executors no call will use again: the gradient buffers of a Parameter are let go
     once no other executor of it is left on that context."""
     for ex in executors:
+        _live.get(str(ex.ctx), weakref.WeakSet()).discard(ex)
+    for ex in executors:
+        left = list(_live.get(str(ex.ctx), ()))
         for _, p in ex.trained:
-            slot = _slot(p, ex.ctx)
-            slot["executors"].discard(ex)
-            if not len(slot["executors"]):
-                slot["buffers"].clear()
+            if not any(q is p for other in left for _, q in other.trained):
+                _buffers(p, ex.ctx).clear()
 
 
 def usable(executor: PlannedExecutor) -> bool:
     """No executor waiting for its backward writes a gradient where this one would (the
     shared buffer aside): else a call needs another executor."""
-    for name, p in executor.trained:
-        target = executor.grad_term(name)
-        if name not in executor._reused and id(target) in _busy_targets(p, executor.ctx):
-            return False
-    return True
+    own = executor.own_targets
+    return not own or all(ex is executor or ex.free() or own.isdisjoint(ex.targets)
+                          for ex in list(_live.get(str(executor.ctx), ())))
 
 
 def retained_bytes(graph: Graph) -> int:
@@ -163,12 +161,17 @@ class PlannedExecutor:
                 self.trained.append((name, p))
         self.aux = {n: params[n].data(ctx) for n in symbol.list_auxiliary_states()}
         self._grads = {}  # Parameter name -> the array this executor writes its gradient in
-        self._reused = set()  # ... where later executors write theirs too
+        busy, own = _busy_arrays(ctx), set()
         for name, p in self.trained:
-            self._grads[name], shared = _grad_target(p, ctx, self)
+            self._grads[name], shared = _grad_target(p, ctx, busy)
             grads[name] = self._grads[name]
-            if shared:
-                self._reused.add(name)
+            if not shared:
+                own.add(id(self._grads[name]))
+        # ids of the arrays it writes gradients in, and of those no other executor waiting
+        # beside it may write (all but the shared buffer)
+        self.targets = frozenset(id(t) for t in self._grads.values())
+        self.own_targets = frozenset(own)
+        _live.setdefault(str(ctx), weakref.WeakSet()).add(self)
         for name, req in zip(names, input_reqs):
             if req != "null":
                 grads[name] = mx.nd.zeros(args[name].shape, ctx, dtype=args[name].dtype)
@@ -210,7 +213,7 @@ class PlannedExecutor:
             target = self._grads[name]
             if params[name].data(ctx) is not self.exec.arg_dict[name] or not (
                     target is p.grad(ctx) or
-                    any(target is b for b in _slot(p, ctx)["buffers"])):
+                    any(target is b for b in _buffers(p, ctx))):
                 return False
         return True
 
@@ -254,7 +257,7 @@ def choose_plan(owner: Any, symbol: Any, input_shapes: dict, types: dict, reqs: 
     another call waiting for its backward, only when the planned executor, the copies and
     the buffers hold less than plain Gluon keeps for one call and the gradient terms its
     backward makes for it (`terms`: one of every Parameter the call trains, summed with
-    the other calls' afterwards; measured: a Dense layer's 64 MB weight adds 64-69 MB of
+    the other calls' afterwards; measured: a Dense layer's 64 MB weight adds 64-70 MB of
     peak RSS per further call, scripts/gluon_memory_notes.py). For a first call, `second`
     is what a second call would add besides its executor: where that would not be
     planned, a first call is planned only where earlier record()s called the block once
