@@ -97,11 +97,12 @@ def forget(executors: list) -> None:
     """Executors no call will use again: the gradient buffers of a Parameter are let go
     once no other executor of it is left on that context."""
     for ex in executors:
-        _live.get(str(ex.ctx), weakref.WeakSet()).discard(ex)
+        _live.get(str(ex.ctx), set()).discard(ex)
+    trained_left = {ctx: {id(q) for other in list(left) for _, q in other.trained}
+                    for ctx, left in _live.items()}  # on each context, by the executors left
     for ex in executors:
-        left = list(_live.get(str(ex.ctx), ()))
         for _, p in ex.trained:
-            if not any(q is p for other in left for _, q in other.trained):
+            if id(p) not in trained_left.get(str(ex.ctx), ()):
                 _buffers(p, ex.ctx).clear()
 
 
