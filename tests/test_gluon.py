@@ -19,6 +19,7 @@ import pytest
 from mxnet import autograd, gluon
 
 import mxmirror
+import mxmirror.gluon.block as block_module
 import mxmirror.gluon.executor as gluon_executor
 from mxmirror.adapter.children import allocated_mb
 from mxmirror.errors import PlanError
@@ -314,14 +315,17 @@ def test_shapes_write_the_gradient_itself_unless_they_wait_together():
     assert_same(planned, by_record(records)[0])
 
 
-def test_eight_calls_in_a_first_record_then_unplanned():
+def test_eight_calls_in_a_first_record_then_unplanned(monkeypatch):
     """Plain Gluon holds a gradient term per call while it sums fewer than 8 with
     ElementWiseSum, so a call beside a planned one is weighed with it (here a second call
     pays only so); from 8 calls MXNet chains the sum and frees terms early: the first
     record(), which cannot know, plans all 8, and the next trains unplanned, its executors
-    and their gradient buffers let go. Bitwise as plain."""
+    and their gradient buffers let go and their memory given back once. Bitwise as plain."""
+    released = []
+    monkeypatch.setattr(block_module, "release_freed", lambda: released.append(1))
     records = [[(2, i + step) for i in range(8)] for step in range(2)]
     planned, _ = by_record(records, "sqrt")
+    assert released == [1]
     assert (planned.pop("executors0"), planned.pop("executors1")) == (8, 0)
     assert (planned.pop("buffers0"), planned.pop("buffers1")) == (3 * 62, 0)
     assert_same(planned, by_record(records)[0])

@@ -51,3 +51,25 @@ def auto_budget(graph: Graph, ctx: Any = None) -> tuple[int, str]:
     mb = 2**20
     return budget, (f"auto: {source} {free / mb:.0f} MB - arguments, gradients and aux "
                     f"states {resident / mb:.0f} MB - margin {margin / mb:.0f} MB")
+
+
+def release_freed() -> None:
+    """Give the process's freed heap memory back to the system (glibc's malloc_trim; a
+    no-op elsewhere), once MXNet's engine has freed what was let go. An executor's arrays
+    are allocated on the caller's thread, so in glibc's main arena, which the engine
+    thread's later allocations (plain Gluon's arrays) do not reuse: let go, they stay
+    resident (measured: ResNet-50, 8 calls per record(), scripts/gluon_memory_notes.py)."""
+    load_mxnet().nd.waitall()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+def _malloc_trim() -> Any:
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import mxmirror.gluon.calls as calls
+from mxmirror.adapter.free_memory import release_freed
 from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
 from mxmirror.gluon.backward import wrap_backward
@@ -238,12 +239,18 @@ class PlannedBlock(load_mxnet().gluon.Block):
         return plan, symbol, fmt
 
     def _forget(self, ctx: str) -> None:
-        """Let go of the free executors on `ctx` (and the gradient buffers only they used)."""
+        """Let go of the free executors on `ctx` (and the gradient buffers only they used),
+        their memory given back to the system."""
+        let_go = []
         for key, pool in self._executors.items():
             if key[0] == ctx:
                 free = [ex for ex in pool if ex.free()]
                 pool[:] = [ex for ex in pool if ex not in free]
-                forget(free)
+                let_go += free
+        forget(let_go)
+        if let_go:
+            del free, let_go  # the executors' arrays freed, then given back
+            release_freed()
 
     def _count_call(self, ctx: str) -> None:
         """Count the block's calls per record(): a first call whose plan pays alone but
