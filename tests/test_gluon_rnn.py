@@ -25,34 +25,9 @@ from mxnet.gluon import nn, rnn
 import mxmirror
 from mxmirror.gluon import PlannedBlock
 from mxmirror.log import show as show_log
+from symbols.gluon_lm import WordLM
 from tests import mkldnn_off
 from tests.test_gluon import assert_same
-
-
-class WordLM(gluon.HybridBlock):
-    """MXNet 1.9.1's example/gluon/word_language_model model, in small."""
-
-    def __init__(self, vocab: int, emb: int, hidden: int, layers: int, dropout: float,
-                 tied: bool = False, **kw):
-        super().__init__(**kw)
-        with self.name_scope():
-            self.drop = nn.Dropout(dropout)
-            self.encoder = nn.Embedding(vocab, emb)
-            self.rnn = rnn.LSTM(hidden, layers, dropout=dropout, input_size=emb)
-            if tied:
-                self.decoder = nn.Dense(vocab, in_units=hidden, params=self.encoder.params)
-            else:
-                self.decoder = nn.Dense(vocab, in_units=hidden)
-        self.hidden = hidden
-
-    def hybrid_forward(self, F, inputs, hidden):
-        emb = self.drop(self.encoder(inputs))
-        output, hidden = self.rnn(emb, hidden)
-        output = self.drop(output)
-        return self.decoder(output.reshape((-1, self.hidden))), hidden
-
-    def begin_state(self, *args, **kw):
-        return self.rnn.begin_state(*args, **kw)
 
 
 def train_lm(policy=None, hooked=False, tied=False, dropout=0.3, steps=3, T=12, B=4,
