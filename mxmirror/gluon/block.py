@@ -244,12 +244,11 @@ class PlannedBlock(load_mxnet().gluon.Block):
         let_go = []
         for key, pool in self._executors.items():
             if key[0] == ctx:
-                free = [ex for ex in pool if ex.free()]
-                pool[:] = [ex for ex in pool if ex not in free]
-                let_go += free
+                let_go += [ex for ex in pool if ex.free()]
+                pool[:] = [ex for ex in pool if not ex.free()]
         forget(let_go)
         if let_go:
-            del free, let_go  # the executors' arrays freed, then given back
+            del let_go  # no reference left: the executors' arrays are freed, then given back
             release_freed()
 
     def _count_call(self, ctx: str) -> None:
