@@ -21,6 +21,7 @@ from mxnet import autograd, gluon
 import mxmirror
 import mxmirror.gluon.block as block_module
 import mxmirror.gluon.executor as gluon_executor
+import mxmirror.gluon.signature as gluon_signature
 from mxmirror.adapter.children import allocated_mb
 from mxmirror.errors import PlanError
 from mxmirror.gluon import PlannedBlock
@@ -225,7 +226,7 @@ def test_dropout_like_plain_every_policy(monkeypatch):
     the executor's copies of the Dropouts' blocked inputs outweigh what these small plans
     save, so they would train unplanned: they are bound here regardless, to compare what
     they compute (whether a plan pays is tests/test_gluon_layout.py's)."""
-    monkeypatch.setattr(gluon_executor, "executor_own_bytes", lambda plan: 0)
+    monkeypatch.setattr(gluon_signature, "executor_own_bytes", lambda plan: 0)
     reference = train(dropout_net, None, seed=3)
     sym = dropout_net()(mx.sym.var("data"))
     for policy in ("cheap", "sqrt", "optimal"):

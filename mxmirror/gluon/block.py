@@ -39,6 +39,7 @@ from mxmirror.gluon.inputs import (
     shapes_text,
     unsupported,
 )
+from mxmirror.gluon.signature import signature
 from mxmirror.gluon.sums import CHAIN_FROM
 from mxmirror.log import log
 from mxmirror.log import show as show_log
@@ -168,51 +169,27 @@ class PlannedBlock(load_mxnet().gluon.Block):
     def _plan(self, key: tuple, given: CallArgs, reqs: tuple, params: dict,
               others: bool) -> tuple:
         """(plan or None for policy none, or False: not worth it; symbol; output format)."""
-        mx = load_mxnet()
         if key not in self._plans:
-            syms = [mx.sym.var(n) for n in given.names]
-            sargs, skwargs = given.rebuilt(syms)
-            from mxnet.gluon.block import _flatten
-
-            heads, fmt = _flatten(self.block(*sargs, **skwargs), "output")
-            symbol = heads[0] if len(heads) == 1 else mx.sym.Group(heads)
-            shapes = {n: x.shape for n, x in zip(given.names, given.arrays)}
-            types = {n: dtype_name(x.dtype) for n, x in zip(given.names, given.arrays)}
-            grad_req = dict(zip(given.names, reqs))
-            for n in symbol.list_arguments() + symbol.list_auxiliary_states():
-                if n in params:
-                    types[n] = dtype_name(params[n].dtype)
-                    if n in symbol.list_arguments():
-                        grad_req[n] = params[n].grad_req
-            _, out_shapes, _ = symbol.infer_shape(**shapes)
-            _, out_types, _ = symbol.infer_type(**types)
-            outs = [mx.nd.empty(s, dtype=t) for s, t in zip(out_shapes, out_types)]
-            # a call's own arrays: the input copies and gradients, the output copies and
-            # the gradient buffers of the float ones (calls.Call marks those)
-            copies = nbytes(given.arrays) + nbytes(outs) + nbytes(
-                [x for x, r in zip(given.arrays, reqs) if r != "null"]) + nbytes(
-                [o for o in outs if calls.is_float(o)])
-            self._plans[key] = (shapes, types, grad_req, symbol, fmt, copies)
-        shapes, types, grad_req, symbol, fmt, copies = self._plans[key]
+            self._plans[key] = signature(self.block, given, reqs, params, self.policy,
+                                         self.budget)
+        sig = self._plans[key]
+        shapes = sig.shapes
         # plain Gluon's backward holds a gradient term of every Parameter per call where it
         # sums them with ElementWiseSum; from CHAIN_FROM calls, chained, it may not
         credited = max(self._records[key[0]][1:]) < CHAIN_FROM
         situation = (key, others, credited)
         if situation not in self._decided:
-            trained = [params[n] for n in symbol.list_arguments()
+            trained = [params[n] for n in sig.graph.arguments
                        if n in params and params[n].grad_req != "null"]
             ctx = given.arrays[0].context
             # a second call beside this one: its input gradients, a gradient buffer per
             # trained Parameter (the second executor's)
             terms = nbytes([p.data(ctx) for p in trained])
-            second = None if others else copies + nbytes(
+            second = None if others else sig.copies + nbytes(
                 [x for x, r in zip(given.arrays, reqs) if r == "null" and calls.is_float(x)]
             ) + terms
-            plan, use, loop = choose_plan(self, symbol, shapes, types, grad_req, copies,
-                                          new_buffer_bytes(trained, ctx), second,
+            plan, use, loop = choose_plan(self, sig, new_buffer_bytes(trained, ctx), second,
                                           terms if credited else 0, others, self._said)
-            if plan is not None:
-                plan.release()  # kept for its binds, which read no analysed graph
             self._decided[situation] = plan if use else False
             self._loops[situation] = loop
             if not use:
@@ -229,14 +206,14 @@ class PlannedBlock(load_mxnet().gluon.Block):
                          f"though it does not pay there: a planned call followed by unplanned "
                          f"ones would not sum the Parameters' gradients as plain Gluon does; "
                          f"the next record() trains the block unplanned")
-            return self._unused[situation], symbol, fmt
+            return self._unused[situation], sig.symbol, sig.fmt
         if plan is not False and not self._loops[situation] and \
                 self._records[key[0]][2] != 1:
             # planned once records() have called it once each, which no later one can
             # change: the executors bound on this context are let go
             self._forget(key[0])
-            return False, symbol, fmt
-        return plan, symbol, fmt
+            return False, None, sig.fmt
+        return plan, None if plan is False else sig.symbol, sig.fmt
 
     def _forget(self, ctx: str) -> None:
         """Let go of the free executors on `ctx` (and the gradient buffers only they used),

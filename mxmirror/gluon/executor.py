@@ -20,9 +20,7 @@ import json
 import weakref
 from typing import Any
 
-from mxmirror.adapter.layout_copies import executor_own_bytes
 from mxmirror.adapter.symbol import load_mxnet
-from mxmirror.api import plan as make_plan
 from mxmirror.errors import PlanError
 from mxmirror.gluon.inputs import nbytes, shapes_text, variable_name
 from mxmirror.ir import ops
@@ -246,38 +244,34 @@ class PlannedExecutor:
         return False
 
 
-def choose_plan(owner: Any, symbol: Any, input_shapes: dict, types: dict, reqs: dict,
-                copies: int, buffers: int, second: int | None, terms: int,
+def choose_plan(owner: Any, sig: Any, buffers: int, second: int | None, terms: int,
                 others_pending: bool, said: dict) -> tuple[Any, bool, bool]:
-    """The plan for the block's graph (None for policy none), whether to bind it, and
-    whether a second call beside it would be bound too. A plan is used only when it
-    saves more than what a call holds besides MXNet's figure: its copies (`copies`
-    bytes: inputs, outputs and their gradients), the Parameters' gradient buffers its
-    bind would add (`buffers`: a second to fourth executor of the Parameters) and the
-    layout copies its executor keeps outside MXNet's figure (executor_own_bytes); beside
+    """Whether to bind the plan of a call signature (`sig`, signature.Signature; its plan
+    None for policy none) and whether a second call beside it would be bound too. A plan
+    is used only when it saves more than what a call holds besides MXNet's figure: its
+    copies (`sig.copies`: inputs, outputs and their gradients), the Parameters' gradient
+    buffers its bind would add (`buffers`: a second to fourth executor of the Parameters)
+    and the layout copies its executor keeps outside MXNet's figure (`sig.layout`); beside
     another call waiting for its backward, only when the planned executor, the copies and
-    the buffers hold less than plain Gluon keeps for one call and the gradient terms its
-    backward makes for it (`terms`: one of every Parameter the call trains, summed with
-    the other calls' afterwards; measured: a Dense layer's 64 MB weight adds 64-70 MB of
-    peak RSS per further call, scripts/gluon_memory_notes.py). For a first call, `second`
-    is what a second call would add besides its executor: where that would not be
-    planned, a first call is planned only where earlier record()s called the block once
-    (the caller's rule: a planned call followed by the block itself in one record() sums
-    the Parameters' gradients otherwise than plain Gluon, 3 to 5 terms: measured). One
+    the buffers hold less than plain Gluon keeps for one call (`sig.kept`) and the gradient
+    terms its backward makes for it (`terms`: one of every Parameter the call trains,
+    summed with the other calls' afterwards; measured: a Dense layer's 64 MB weight adds
+    64-70 MB of peak RSS per further call, scripts/gluon_memory_notes.py). For a first
+    call, `second` is what a second call would add besides its executor: where that would
+    not be planned, a first call is planned only where earlier record()s called the block
+    once (the caller's rule: a planned call followed by the block itself in one record()
+    sums the Parameters' gradients otherwise than plain Gluon, 3 to 5 terms: measured). One
     log line per input shape says which, and why (another where a later call decides
     otherwise); `said` keeps the verdicts logged, by shapes."""
-    shapes = shapes_text(input_shapes)
+    shapes = shapes_text(sig.shapes)
     where = f"mxmirror: gluon {owner.block.name} {shapes}"
-    if owner.policy == "none":
+    p, copies, layout, kept = sig.plan, sig.copies, sig.layout, sig.kept
+    if p is None:
         if shapes not in said:
             said[shapes] = True
             log.info(f"{where} policy=none (unplanned executor)")
         return None, True, True
-    # a budget no plan reaches: the smallest plan, said in its note (the bind hook's rule)
-    p = make_plan(symbol, policy=owner.policy, budget=owner.budget, type_dict=types,
-                  grad_req=reqs, or_smallest=True, **input_shapes)
     summary = p.summary().replace("mxmirror: ", "")
-    layout = executor_own_bytes(p)
     extra = (f"PlannedBlock's input and output copies and their gradients "
              f"({mb_text(copies / 2**20)})")
     if buffers:
@@ -285,7 +279,6 @@ def choose_plan(owner: Any, symbol: Any, input_shapes: dict, types: dict, reqs: 
     if layout:
         extra += (f" and the MKL-DNN layout copies its executor keeps for ops run without "
                   f"MKL-DNN ({mb_text(layout / 2**20)})")
-    kept = retained_bytes(p.graph)
     plain = f"plain Gluon keeps for a call ({mb_text(kept / 2**20)})"
     if terms:
         plain += f" with the gradient terms of its Parameters ({mb_text(terms / 2**20)})"

@@ -1,0 +1,70 @@
+"""A call signature's graph and plan: traced, planned and weighed once, what every call
+of that signature shares (executor.choose_plan decides from it for each situation)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mxmirror.adapter.layout_copies import executor_own_bytes
+from mxmirror.adapter.symbol import SymbolText, load_mxnet
+from mxmirror.api import plan as make_plan
+from mxmirror.gluon.calls import is_float
+from mxmirror.gluon.executor import retained_bytes
+from mxmirror.gluon.inputs import CallArgs, dtype_name, nbytes
+
+
+@dataclass
+class Signature:
+    """The block's graph for one input signature, its plan and the bytes a call holds
+    besides MXNet's figure."""
+
+    shapes: dict[str, tuple]  # the inputs'
+    graph: SymbolText  # the block's graph: its JSON, arguments and auxiliary states
+    fmt: Any  # how the outputs nest (Gluon's _regroup)
+    copies: int  # a call's input and output copies and their gradients
+    plan: Any  # a Plan (its analysed graph let go), or None for policy none
+    layout: int  # the MKL-DNN layout copies the planned executor keeps
+    kept: int  # what plain Gluon keeps for a call between its forward and its backward
+
+    @property
+    def symbol(self) -> Any:
+        """The block's graph as MXNet's Symbol (made again only where it is bound)."""
+        return self.graph.symbol
+
+
+def signature(block: Any, given: CallArgs, reqs: tuple, params: dict, policy: str,
+              budget: Any) -> Signature:
+    """The block's graph for the inputs `given` and its plan by `policy` (the smallest plan
+    where no plan reaches `budget`: the bind hook's rule)."""
+    mx = load_mxnet()
+    from mxnet.gluon.block import _flatten
+
+    syms = [mx.sym.var(n) for n in given.names]
+    sargs, skwargs = given.rebuilt(syms)
+    heads, fmt = _flatten(block(*sargs, **skwargs), "output")
+    symbol = heads[0] if len(heads) == 1 else mx.sym.Group(heads)
+    shapes = {n: x.shape for n, x in zip(given.names, given.arrays)}
+    types = {n: dtype_name(x.dtype) for n, x in zip(given.names, given.arrays)}
+    grad_req = dict(zip(given.names, reqs))
+    arguments = symbol.list_arguments()
+    for n in arguments + symbol.list_auxiliary_states():
+        if n in params:
+            types[n] = dtype_name(params[n].dtype)
+            if n in arguments:
+                grad_req[n] = params[n].grad_req
+    _, out_shapes, _ = symbol.infer_shape(**shapes)
+    _, out_types, _ = symbol.infer_type(**types)
+    outs = [mx.nd.empty(s, dtype=t) for s, t in zip(out_shapes, out_types)]
+    # a call's own arrays: the input copies and gradients, the output copies and the
+    # gradient buffers of the float ones (calls.Call marks those)
+    copies = nbytes(given.arrays) + nbytes(outs) + nbytes(
+        [x for x, r in zip(given.arrays, reqs) if r != "null"]) + nbytes(
+        [o for o in outs if is_float(o)])
+    plan, layout, kept = None, 0, 0
+    if policy != "none":
+        plan = make_plan(symbol, policy=policy, budget=budget, type_dict=types,
+                         grad_req=grad_req, or_smallest=True, **shapes)
+        layout, kept = executor_own_bytes(plan), retained_bytes(plan.graph)
+        plan.release()  # kept for its binds, which read no analysed graph
+    return Signature(shapes, SymbolText.of(symbol), fmt, copies, plan, layout, kept)
