@@ -274,13 +274,13 @@ def test_new_shapes_plan_once_per_shape(caplog):
     assert len(planned.executors) == 2
 
 
-def by_record(records: list, policy=None) -> tuple[dict, object]:
+def by_record(records: list, policy=None, make=resnet) -> tuple[dict, object]:
     """Trainer steps of records() that call the block on ones(batch, 3, 32, 32) * scale for
     each (batch, scale) listed: losses, gradients (each step), parameters with BatchNorm
     statistics; for a plan the executors and gradient buffers after each step. And the
     model."""
     CTXS[:] = [mx.cpu(0)]
-    net = resnet()
+    net = make()
     net.hybridize()
     model = net if policy is None else PlannedBlock(net, policy)
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01})
@@ -316,20 +316,37 @@ def test_shapes_write_the_gradient_itself_unless_they_wait_together():
     assert_same(planned, by_record(records)[0])
 
 
-def test_eight_calls_in_a_first_record_then_unplanned(monkeypatch):
-    """Plain Gluon holds a gradient term per call while it sums fewer than 8 with
-    ElementWiseSum, so a call beside a planned one is weighed with it (here a second call
-    pays only so); from 8 calls MXNet chains the sum and frees terms early: the first
-    record(), which cannot know, plans all 8, and the next trains unplanned, its executors
-    and their gradient buffers let go and their memory given back once. Bitwise as plain."""
+def test_eight_calls_in_one_record_share_one_executor(monkeypatch):
+    """Calls of one signature waiting together share one executor where a further one
+    would not pay: each call's backward runs its forward again from the inputs it kept, so
+    8 calls per record() hold one executor and no gradient buffer. Bitwise as plain, with
+    BatchNorm statistics."""
     released = []
     monkeypatch.setattr(block_module, "release_freed", lambda: released.append(1))
     records = [[(2, i + step) for i in range(8)] for step in range(2)]
     planned, _ = by_record(records, "sqrt")
+    assert released == []
+    assert (planned.pop("executors0"), planned.pop("executors1")) == (1, 1)
+    assert (planned.pop("buffers0"), planned.pop("buffers1")) == (0, 0)
+    assert_same(planned, by_record(records)[0])
+
+
+def test_eight_calls_that_cannot_share_then_unplanned(monkeypatch):
+    """A graph that draws random numbers cannot run its forward again, so its calls do not
+    share an executor. Plain Gluon holds a gradient term per call while it sums fewer than
+    8 with ElementWiseSum, so a call beside a planned one is weighed with it (here a second
+    call pays only so); from 8 calls MXNet chains the sum and frees terms early: the first
+    record(), which cannot know, plans all 8, and the next trains unplanned, its executors
+    and their gradient buffers let go and their memory given back once. Bitwise as plain."""
+    released = []
+    monkeypatch.setattr(block_module, "release_freed", lambda: released.append(1))
+    monkeypatch.setattr(gluon_signature, "executor_own_bytes", lambda plan: 0)  # as above
+    records = [[(2, i + step) for i in range(8)] for step in range(2)]
+    planned, _ = by_record(records, "sqrt", dropout_net)
     assert released == [1]
     assert (planned.pop("executors0"), planned.pop("executors1")) == (8, 0)
-    assert (planned.pop("buffers0"), planned.pop("buffers1")) == (3 * 62, 0)
-    assert_same(planned, by_record(records)[0])
+    assert planned.pop("buffers1") == 0 < planned.pop("buffers0")
+    assert_same(planned, by_record(records, make=dropout_net)[0])
 
 
 def test_inference_outside_record_is_the_block():

@@ -278,14 +278,14 @@ class _Backward:
     def _process(self, call: Any) -> None:
         mx = load_mxnet()
         ex = call.executor
-        if call.retained:
-            if ex.random:
-                raise PlanError(
-                    f"backward() reaches a planned call of {call.planned.block.name} a second "
-                    f"time (retain_graph=True) and its graph draws random numbers (Dropout): "
-                    f"running its forward again would draw other ones. Use one backward() "
-                    f"per record(), or policy none for this block")
-            ex.rerun_forward()
+        if call.retained and ex.random:
+            raise PlanError(
+                f"backward() reaches a planned call of {call.planned.block.name} a second "
+                f"time (retain_graph=True) and its graph draws random numbers (Dropout): "
+                f"running its forward again would draw other ones. Use one backward() "
+                f"per record(), or policy none for this block")
+        ex.hold(call)
+        shared = len(ex.calls) > 1  # its gradient arrays are written again by the others
         node = self.call_nodes[call]
         heads = []
         for k, o in enumerate(call.outputs):
@@ -297,7 +297,11 @@ class _Backward:
             heads.append(combine(terms) if terms else mx.nd.zeros(o.shape, o.context,
                                                                    dtype=o.dtype))
         ex.backward(heads)
+        if not self.retain:
+            ex.resident = None  # no backward needs its forward values any more
         for s, g in zip(call.sources, ex.input_grads):
+            if shared and g is not None:
+                g = g.copy()
             if s.kind == "output":
                 s.call.terms[s.index][call] = g
             elif s.kind == "leaf":

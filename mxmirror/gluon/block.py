@@ -67,16 +67,19 @@ class PlannedBlock(load_mxnet().gluon.Block):
         self.budget = budget
         self._executors: dict[tuple, list[PlannedExecutor]] = {}  # by call signature
         self._plans: dict[tuple, tuple] = {}  # by signature: what planning it needs
-        self._decided: dict[tuple, Any] = {}  # (signature, another call pending): its plan,
-        # or False where it would not pay
+        self._decided: dict[tuple, Any] = {}  # (signature, another call pending, plain's
+        # gradient terms counted, one of its signature pending to share): its plan, or
+        # False where it would not pay
         self._unused: dict[tuple, Any] = {}  # the plans that would not pay
         self._said: dict[str, bool] = {}  # input shapes -> the verdict logged for them
         self._collected: dict | None = None  # the block's Parameters by name
         self._said_plain = False  # the line for the block itself beside it
         self._records: dict[str, list] = {}  # context -> [backward() count, calls of the
         # block in this record(), the most in an earlier record()]
-        self._loops: dict[tuple, bool] = {}  # (signature, another call pending): a
-        # second call beside a planned one would be planned too
+        self._loops: dict[tuple, bool] = {}  # situation: a second call beside a planned
+        # one would be planned too
+        self._shares: dict[tuple, bool] = {}  # situation: the call shares the executor of
+        # a waiting call of its signature
         self._own_fallback = -1  # backward() count when a call of its own ran unplanned
         self._beside: set[tuple] = set()  # signatures planned beside a planned call though
         # they do not pay there (the line said once)
@@ -146,13 +149,20 @@ class PlannedBlock(load_mxnet().gluon.Block):
         key = (str(ctx), given.structure(),
                tuple((x.shape, dtype_name(x.dtype)) for x in given.arrays), reqs,
                tuple((n, p.grad_req, dtype_name(p.dtype)) for n, p in sorted(params.items())))
-        others = any(str(c.executor.ctx) == str(ctx) and not c.retained
-                     for c in calls.pending_of(self))
-        plan, symbol, fmt = self._plan(key, given, reqs, params, others)
+        waiting = [c for c in calls.pending_of(self)
+                   if str(c.executor.ctx) == str(ctx) and not c.retained]
+        mine = [c.executor for c in waiting if c.executor in self._executors.get(key, [])]
+        plan, symbol, fmt, share = self._plan(key, given, reqs, params, bool(waiting),
+                                              bool(mine))
         if plan is False:
             self.fell_back()
             return None
-        executor = self._executor(key, plan, symbol, given, reqs, params, ctx)
+        if share:
+            executor = mine[-1]
+            self._forget(str(ctx), key)  # the free executors of its signature: not needed
+            executor.take_over()
+        else:
+            executor = self._executor(key, plan, symbol, given, reqs, params, ctx)
         outputs = executor.forward(given.arrays)
         # committed only now, so that a call that fails above leaves nothing behind
         sources = [calls.remark(s) for s in sources]
@@ -167,8 +177,10 @@ class PlannedBlock(load_mxnet().gluon.Block):
         return _regroup(outputs, fmt)
 
     def _plan(self, key: tuple, given: CallArgs, reqs: tuple, params: dict,
-              others: bool) -> tuple:
-        """(plan or None for policy none, or False: not worth it; symbol; output format)."""
+              others: bool, same: bool) -> tuple:
+        """(plan or None for policy none, or False: not worth it; symbol; output format;
+        whether the call shares the executor of a waiting call of its signature, `same`:
+        there is one)."""
         if key not in self._plans:
             self._plans[key] = signature(self.block, given, reqs, params, self.policy,
                                          self.budget)
@@ -177,7 +189,8 @@ class PlannedBlock(load_mxnet().gluon.Block):
         # plain Gluon's backward holds a gradient term of every Parameter per call where it
         # sums them with ElementWiseSum; from CHAIN_FROM calls, chained, it may not
         credited = max(self._records[key[0]][1:]) < CHAIN_FROM
-        situation = (key, others, credited)
+        sharing = same and sig.rerunnable
+        situation = (key, others, credited, sharing)
         if situation not in self._decided:
             trained = [params[n] for n in sig.graph.arguments
                        if n in params and params[n].grad_req != "null"]
@@ -188,10 +201,12 @@ class PlannedBlock(load_mxnet().gluon.Block):
             second = None if others else sig.copies + nbytes(
                 [x for x, r in zip(given.arrays, reqs) if r == "null" and calls.is_float(x)]
             ) + terms
-            plan, use, loop = choose_plan(self, sig, new_buffer_bytes(trained, ctx), second,
-                                          terms if credited else 0, others, self._said)
+            plan, use, loop, share = choose_plan(self, sig, new_buffer_bytes(trained, ctx),
+                                                 second, terms if credited else 0, others,
+                                                 self._said, sharing)
             self._decided[situation] = plan if use else False
             self._loops[situation] = loop
+            self._shares[situation] = share
             if not use:
                 self._unused[situation] = plan
         plan = self._decided[situation]
@@ -206,21 +221,21 @@ class PlannedBlock(load_mxnet().gluon.Block):
                          f"though it does not pay there: a planned call followed by unplanned "
                          f"ones would not sum the Parameters' gradients as plain Gluon does; "
                          f"the next record() trains the block unplanned")
-            return self._unused[situation], sig.symbol, sig.fmt
+            return self._unused[situation], sig.symbol, sig.fmt, False
         if plan is not False and not self._loops[situation] and \
                 self._records[key[0]][2] != 1:
             # planned once records() have called it once each, which no later one can
             # change: the executors bound on this context are let go
             self._forget(key[0])
-            return False, None, sig.fmt
-        return plan, None if plan is False else sig.symbol, sig.fmt
+            return False, None, sig.fmt, False
+        return plan, None if plan is False else sig.symbol, sig.fmt, self._shares[situation]
 
-    def _forget(self, ctx: str) -> None:
-        """Let go of the free executors on `ctx` (and the gradient buffers only they used),
-        their memory given back to the system."""
+    def _forget(self, ctx: str, only: tuple | None = None) -> None:
+        """Let go of the free executors on `ctx` (of signature `only`, if given; and the
+        gradient buffers only they used), their memory given back to the system."""
         let_go = []
         for key, pool in self._executors.items():
-            if key[0] == ctx:
+            if key[0] == ctx and only in (None, key):
                 let_go += [ex for ex in pool if ex.free()]
                 pool[:] = [ex for ex in pool if not ex.free()]
         forget(let_go)

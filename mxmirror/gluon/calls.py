@@ -116,7 +116,9 @@ class Call:
         self.terms: list[dict[Call, Any]] = [{} for _ in outputs]  # planned consumers'
         self.missed = 0  # backwards since the call that did not reach it
         self.retained = False  # run, and kept by backward(retain_graph=True)
-        executor.call = self
+        self.kept_inputs: list | None = None  # where another call took its executor over
+        executor.calls.append(self)
+        executor.resident = self
         with lock:
             _pending.append(self)
             for k, o in enumerate(self.marked):
@@ -142,7 +144,9 @@ class Call:
                 if o is not None:
                     _outputs.pop(o.handle.value, None)
                     _unmark(o)
-            self.executor.call = None
+            if self in self.executor.calls:
+                self.executor.calls.remove(self)
+            self.kept_inputs = None
 
 
 def is_float(x: Any) -> bool:

@@ -139,7 +139,8 @@ class PlannedExecutor:
                  params: dict, ctx: Any, plan: Any) -> None:
         mx = load_mxnet()
         self.names, self.ctx, self.plan = names, ctx, plan
-        self.call = None  # the pending call it serves, if any
+        self.calls: list = []  # the pending calls it serves (several where they share it)
+        self.resident = None  # the call whose forward values it holds
         unknown = [n for n in symbol.list_arguments() + symbol.list_auxiliary_states()
                    if n not in names and n not in params]
         if unknown:
@@ -225,8 +226,24 @@ class PlannedExecutor:
             self.exec.forward(is_train=True)
             return [o.copy() for o in self.exec.outputs]
 
-    def rerun_forward(self) -> None:
-        """The same forward again (a graph kept with retain_graph, backward a second time)."""
+    def take_over(self) -> None:
+        """Before another call's forward overwrites the one it holds: that call's inputs
+        kept (its backward runs its forward again from them)."""
+        held = self.resident
+        if held is not None and held in self.calls and held.kept_inputs is None:
+            held.kept_inputs = [self.exec.arg_dict[n].copy() for n in self.names]
+
+    def hold(self, call: Any) -> None:
+        """The forward values of `call` in place for its backward: its forward run again
+        where another call's replaced them (from its kept inputs) or where a backward has
+        run since (a graph kept with retain_graph)."""
+        if self.resident is call and not call.retained:
+            return
+        if self.resident is not call:
+            self.take_over()
+            for name, x in zip(self.names, call.kept_inputs):
+                x.copyto(self.exec.arg_dict[name])
+        self.resident = call
         with load_mxnet().autograd.pause(train_mode=True):
             self.exec.forward(is_train=True)
 
@@ -234,20 +251,26 @@ class PlannedExecutor:
         self.exec.backward(out_grads=head_grads)
 
     def free(self) -> bool:
-        """Its call (if any) needs it no more: backward done, or the call abandoned."""
-        call = self.call
-        if call is None:
-            return True
-        if call.abandoned():
-            call.drop()
-            return True
-        return False
+        """No call needs it any more: each one's backward done, or the call abandoned."""
+        for call in list(self.calls):
+            if call.abandoned():
+                call.drop()
+        return not self.calls
+
 
 
 def choose_plan(owner: Any, sig: Any, buffers: int, second: int | None, terms: int,
-                others_pending: bool, said: dict) -> tuple[Any, bool, bool]:
+                others_pending: bool, said: dict,
+                sharing: bool = False) -> tuple[Any, bool, bool, bool]:
     """Whether to bind the plan of a call signature (`sig`, signature.Signature; its plan
-    None for policy none) and whether a second call beside it would be bound too. A plan
+    None for policy none), whether a second call beside it would be bound too, and
+    whether this call shares the executor of a call of its signature waiting beside it
+    (`sharing`: one does, and the graph can run its forward again: no random op, MXNet's
+    executor). A call sharing an executor holds its output copies and their gradients and
+    the inputs of the call it takes the executor from (its backward runs that call's
+    forward again from them: one more forward per call), less than a further executor
+    with its gradient buffers: it is chosen wherever it holds less than plain Gluon keeps
+    for the call (the step loop's pattern: one executor for every step). A plan
     is used only when it saves more than what a call holds besides MXNet's figure: its
     copies (`sig.copies`: inputs, outputs and their gradients), the Parameters' gradient
     buffers its bind would add (`buffers`: a second to fourth executor of the Parameters)
@@ -270,7 +293,7 @@ def choose_plan(owner: Any, sig: Any, buffers: int, second: int | None, terms: i
         if shapes not in said:
             said[shapes] = True
             log.info(f"{where} policy=none (unplanned executor)")
-        return None, True, True
+        return None, True, True, False
     summary = p.summary().replace("mxmirror: ", "")
     extra = (f"PlannedBlock's input and output copies and their gradients "
              f"({mb_text(copies / 2**20)})")
@@ -282,17 +305,30 @@ def choose_plan(owner: Any, sig: Any, buffers: int, second: int | None, terms: i
     plain = f"plain Gluon keeps for a call ({mb_text(kept / 2**20)})"
     if terms:
         plain += f" with the gradient terms of its Parameters ({mb_text(terms / 2**20)})"
+    share = False
     if others_pending:
-        use = loop = p.planned_bytes + copies + buffers + layout < kept + terms
-        why = (f"another call of the block waits for backward(): the planned executor "
-               f"({mb_text(p.planned_bytes / 2**20)}) with {extra} "
-               f"{'hold less' if use else 'would hold more'} than {plain}")
+        if sharing and copies < kept + terms:
+            use = loop = share = True
+            why = (f"another call of its signature waits for backward(): sharing its "
+                   f"executor, the call's copies and the inputs it keeps "
+                   f"({mb_text(copies / 2**20)}) hold less than {plain}, each call's "
+                   f"backward running its forward again")
+        else:
+            use = loop = p.planned_bytes + copies + buffers + layout < kept + terms
+            why = (f"another call of the block waits for backward(): the planned executor "
+                   f"({mb_text(p.planned_bytes / 2**20)}) with {extra} "
+                   f"{'hold less' if use else 'would hold more'} than {plain}")
     else:
         saving = p.baseline_bytes - p.planned_bytes
         use = saving > copies + buffers + layout
-        loop = p.planned_bytes + second + layout < kept + terms
+        shares = sig.rerunnable and copies < kept + terms
+        loop = shares or p.planned_bytes + second + layout < kept + terms
         why = (f"the plan saves {mb_text(saving / 2**20)}, "
                f"{'more' if use else 'not more'} than {extra}")
+        if use and shares:
+            why += (f"; a further call in the same record() shares its executor, holding "
+                    f"its copies and the inputs it keeps ({mb_text(copies / 2**20)}) against "
+                    f"{plain}: each call's backward runs its forward again")
         if use and not loop:
             why += (f"; a second call in the same record() would not pay beside it (its "
                     f"planned executor with its copies and a gradient buffer per Parameter: "
@@ -304,8 +340,9 @@ def choose_plan(owner: Any, sig: Any, buffers: int, second: int | None, terms: i
                     f"earlier one called it once")
     if said.get(shapes) != use:
         said[shapes] = use
-        verdict = ("trained unplanned" if not use else "planned" if loop else
+        verdict = ("trained unplanned" if not use else "planned, sharing an executor"
+                   if share else "planned" if loop else
                    "planned where each record() calls the block once")
         notes = p.notes if p.recomputed_ids else []  # else the summary says them
         log.info("; ".join([f"{where} {summary}: {verdict}, {why}", *notes]))
-    return p, use, loop
+    return p, use, loop, share

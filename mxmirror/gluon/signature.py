@@ -3,6 +3,7 @@ of that signature shares (executor.choose_plan decides from it for each situatio
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,8 @@ from mxmirror.api import plan as make_plan
 from mxmirror.gluon.calls import is_float
 from mxmirror.gluon.executor import retained_bytes
 from mxmirror.gluon.inputs import CallArgs, dtype_name, nbytes
+from mxmirror.ir import ops
+from mxmirror.runtime.plan import MirrorExecution
 
 
 @dataclass
@@ -26,6 +29,7 @@ class Signature:
     plan: Any  # a Plan (its analysed graph let go), or None for policy none
     layout: int  # the MKL-DNN layout copies the planned executor keeps
     kept: int  # what plain Gluon keeps for a call between its forward and its backward
+    rerunnable: bool  # calls may share an executor: its forward runs again as it ran
 
     @property
     def symbol(self) -> Any:
@@ -67,4 +71,8 @@ def signature(block: Any, given: CallArgs, reqs: tuple, params: dict, policy: st
                          grad_req=grad_req, or_smallest=True, **shapes)
         layout, kept = executor_own_bytes(plan), retained_bytes(plan.graph)
         plan.release()  # kept for its binds, which read no analysed graph
-    return Signature(shapes, SymbolText.of(symbol), fmt, copies, plan, layout, kept)
+    graph = SymbolText.of(symbol)
+    # no random op (a forward run again would draw other numbers) and MXNet's executor
+    rerunnable = plan is not None and isinstance(plan.execution, MirrorExecution) and \
+        not any(ops.is_random(n["op"]) for n in json.loads(graph.text)["nodes"])
+    return Signature(shapes, graph, fmt, copies, plan, layout, kept, rerunnable)
