@@ -318,6 +318,11 @@ def choose_plan(owner: Any, sig: Any, buffers: int, second: int | None, terms: i
             why = (f"another call of the block waits for backward(): the planned executor "
                    f"({mb_text(p.planned_bytes / 2**20)}) with {extra} "
                    f"{'hold less' if use else 'would hold more'} than {plain}")
+            if not use and sig.rerunnable:
+                use = loop = True
+                why += (", bound all the same for the later calls of its signature to share "
+                        "(a planned call followed by unplanned ones would not sum the "
+                        "Parameters' gradients as plain Gluon does)")
     else:
         saving = p.baseline_bytes - p.planned_bytes
         use = saving > copies + buffers + layout
