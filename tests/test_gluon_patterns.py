@@ -70,13 +70,13 @@ def check_grad_like_plain() -> None:
     assert_same(grads_asked("sqrt"), grads_asked(None))
 
 
-def retained(policy: str | None) -> dict:
-    """backward(retain_graph=True), then a second backward of the same graph (grad_req
-    'add' sums both): plain Gluon runs the backward twice on the kept forward; a planned
-    call runs its forward again first."""
+def retained(policy: str | None, grad_req: str = "add") -> dict:
+    """backward(retain_graph=True), then a second backward of the same graph through
+    another head (grad_req 'add' sums both, 'write' keeps the second's): plain Gluon runs
+    the backward twice on the kept forward; a planned call runs its forward again first."""
     net = dense_bn()
     net.hybridize()
-    net.collect_params().setattr("grad_req", "add")
+    net.collect_params().setattr("grad_req", grad_req)
     model = net if policy is None else PlannedBlock(net, policy)
     rs = np.random.RandomState(0)
     seen = {}
@@ -96,7 +96,8 @@ def retained(policy: str | None) -> dict:
 def check_retain_graph_like_plain() -> None:
     from tests.test_gluon import assert_same
 
-    assert_same(retained("sqrt"), retained(None))
+    for grad_req in ("add", "write"):
+        assert_same(retained("sqrt", grad_req), retained(None, grad_req))
 
 
 def test_autograd_grad_like_plain():

@@ -121,10 +121,15 @@ class _Backward:
     def run(self, head_grads: Any) -> Any:
         shared = any(e.old_name in self.names for e in self.entries)
         for call in self.pending:
-            if call.retained:
+            if call.retained:  # what an earlier backward wrote is no term of this one
                 for o in call.marked:
                     if o is not None:
                         o._fresh_grad = False
+                for _, p in call.executor.trained:
+                    p.data(call.executor.ctx)._fresh_grad = False
+                for s in call.sources:
+                    if s.kind == "leaf":
+                        s.array._fresh_grad = False
         self._isolate_adds()
         self._pass(self.heads, head_grads, self.retain or shared, self.names)
         with load_mxnet().autograd.pause():  # backward() may be called inside record()
