@@ -156,4 +156,97 @@ def test_without_mkldnn():
     """The same with MKL-DNN off (read at process start: a child)."""
     if not mkldnn_off.MKLDNN:
         pytest.skip("this process already runs without MKL-DNN")
-    mkldnn_off.run_pytest(__file__, "not without_mkldnn", passed=4)
+    mkldnn_off.run_pytest(__file__, "not without_mkldnn", passed=6)
+
+
+class Repeats(gluon.HybridBlock):
+    """Outputs as user blocks give them: one array twice, beside a feature list holding the
+    output again, and the input given back."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        with self.name_scope():
+            self.body = dense_bn()
+
+    def hybrid_forward(self, F, x):
+        h = self.body(x)
+        return h, [h * 2, h], x
+
+
+def repeats(policy: str | None) -> dict:
+    mx.random.seed(0)
+    net = Repeats()
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    model = net if policy is None else PlannedBlock(net, policy)
+    rs = np.random.RandomState(0)
+    x = mx.nd.array(rs.rand(8, 10))
+    x.attach_grad()
+    seen = {}
+    for step in range(2):
+        with autograd.record():
+            a, (b, c), same = model(x)
+            loss = a.sum() + 2 * b.sum() + 3 * c.sum() + (same ** 2).sum()
+        loss.backward()
+        seen[f"dx{step}"] = x.grad.asnumpy()
+        for j, p in enumerate(net.collect_params().values()):
+            if p.grad_req != "null":
+                seen[f"grad{step}.{j}"] = p.grad().asnumpy()
+    return seen
+
+
+def test_an_output_given_twice_like_plain():
+    """MXNet's executor keeps one head gradient per array, so an output given twice lost
+    one of its gradients (a list of features holding the output again: all of them);
+    copied as the CachedOp copies them, every gradient equals plain Gluon's."""
+    from tests.test_gluon import assert_same
+
+    assert_same(repeats("none"), repeats(None))
+    assert_same(repeats("sqrt"), repeats(None))
+
+
+class TwoInputs(gluon.HybridBlock):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        with self.name_scope():
+            self.a, self.b = gluon.nn.Dense(6, in_units=10), gluon.nn.Dense(6, in_units=10)
+
+    def hybrid_forward(self, F, x, y):
+        return self.a(x) * self.b(y)
+
+
+def one_array_twice(policy: str | None) -> dict:
+    """net(u, u) for an input that needs its gradient and for another planned call's
+    output."""
+    mx.random.seed(0)
+    up, net = gluon.nn.Dense(10, in_units=10), TwoInputs()
+    for block in (up, net):
+        block.initialize(mx.init.Xavier())
+        block.hybridize()
+    run_up, run = (up, net) if policy is None else (PlannedBlock(up, "none"),  # a call
+                                                    PlannedBlock(net, policy))  # always
+    rs = np.random.RandomState(0)
+    u = mx.nd.array(rs.rand(8, 10))
+    u.attach_grad()
+    seen = {}
+    with autograd.record():
+        loss = (run(u, u) ** 2).sum()
+    loss.backward()
+    seen["du"] = u.grad.asnumpy()
+    with autograd.record():
+        h = run_up(u)
+        loss = (run(h, h) ** 2).sum()
+    loss.backward()
+    for j, p in enumerate(list(up.collect_params().values()) +
+                          list(net.collect_params().values())):
+        seen[f"grad{j}"] = p.grad().asnumpy()
+    return seen
+
+
+def test_one_array_as_two_inputs_like_plain():
+    """The same array as two inputs of a call (self-attention's pattern) gets both inputs'
+    gradients (the second was kept alone), as plain Gluon's autograd adds them."""
+    from tests.test_gluon import assert_same
+
+    assert_same(one_array_twice("none"), one_array_twice(None))
+    assert_same(one_array_twice("sqrt"), one_array_twice(None))

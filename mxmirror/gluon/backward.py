@@ -308,11 +308,11 @@ class _Backward:
             if shared and g is not None:
                 g = g.copy()
             if s.kind == "output":
-                s.call.terms[s.index][call] = g
+                _term(s.call.terms[s.index], call, g)
             elif s.kind == "leaf":
-                self.leaves.setdefault(id(s.array), (s.array, s.var, {}))[2][call] = g
+                _term(self.leaves.setdefault(id(s.array), (s.array, s.var, {}))[2], call, g)
             elif s.kind == "remarked":
-                s.entry.terms[call] = g
+                _term(s.entry.terms, call, g)
         for name, p in ex.trained:
             key, term = (p, str(ex.ctx)), ex.grad_term(name)
             self.sums[key].add(call, term, (key, id(term)) in self.shared)
@@ -449,6 +449,12 @@ class _Backward:
         for i, v in enumerate(self.variables):
             if v is array:
                 self.results[i].extend(terms)
+
+
+def _term(terms: dict, call: Any, grad: Any) -> None:
+    """A call's gradient term of one array; an array it takes as two inputs gets both
+    inputs' gradients, added in their order (as autograd adds a CachedOp's two)."""
+    terms[call] = grad if call not in terms else terms[call] + grad
 
 
 def _name(x: Any) -> str | None:

@@ -47,7 +47,7 @@ def signature(block: Any, given: CallArgs, reqs: tuple, params: dict, policy: st
     syms = [mx.sym.var(n) for n in given.names]
     sargs, skwargs = given.rebuilt(syms)
     heads, fmt = _flatten(block(*sargs, **skwargs), "output")
-    symbol = heads[0] if len(heads) == 1 else mx.sym.Group(heads)
+    symbol = _distinct_outputs(mx, heads)
     shapes = {n: x.shape for n, x in zip(given.names, given.arrays)}
     types = {n: dtype_name(x.dtype) for n, x in zip(given.names, given.arrays)}
     grad_req = dict(zip(given.names, reqs))
@@ -76,3 +76,16 @@ def signature(block: Any, given: CallArgs, reqs: tuple, params: dict, policy: st
     rerunnable = plan is not None and isinstance(plan.execution, MirrorExecution) and \
         not any(ops.is_random(n["op"]) for n in json.loads(graph.text)["nodes"])
     return Signature(shapes, graph, fmt, copies, plan, layout, kept, rerunnable)
+
+
+def _distinct_outputs(mx: Any, heads: list) -> Any:
+    """The block's outputs as one Symbol, each output its own array: an output given twice
+    (or an input given back) is copied, as the CachedOp does, so that each gets its own
+    gradient (MXNet's executor keeps one head gradient per array: the other's was lost)."""
+    graph = json.loads(mx.sym.Group(heads).tojson())
+    seen = set()
+    for i, (node, index, _) in enumerate(graph["heads"]):
+        if (node, index) in seen or graph["nodes"][node]["op"] == "null":
+            heads[i] = mx.sym.identity(heads[i])
+        seen.add((node, index))
+    return heads[0] if len(heads) == 1 else mx.sym.Group(heads)
