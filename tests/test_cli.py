@@ -382,6 +382,21 @@ def test_run_a_failing_script_as_python_does(name, tmp_path) -> None:
         assert f'File "{script}", line ' in proc.stderr, proc.stderr
 
 
+def test_run_gives_the_script_what_python_gives(tmp_path) -> None:
+    """A script named relative to the working directory sees the __file__ (absolute),
+    argv and sys.path[0] that `python SCRIPT.py` gives it: a script reading a file beside
+    itself finds it."""
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "where.py").write_text(
+        "import os, sys\nprint(__file__, sys.argv, sys.path[0])\n"
+        "open(os.path.join(os.path.dirname(__file__), 'config.json')).read()\n")
+    proc = _cli(["run", "--policy", "sqrt", "where.py", "--flag"], cwd=tmp_path)
+    plain = subprocess.run([sys.executable, "where.py", "--flag"], capture_output=True,
+                           text=True, env=child_env(), cwd=tmp_path, timeout=300)
+    assert proc.returncode == plain.returncode == 0, proc.stderr
+    assert proc.stdout == plain.stdout, (proc.stdout, plain.stdout)
+
+
 # ------------------------------------------------------------------ bad input
 @pytest.mark.parametrize(("case", "what", "template"), BAD_INPUTS,
                          ids=[c[0] for c in BAD_INPUTS])

@@ -25,6 +25,7 @@ import mxmirror.gluon.signature as gluon_signature
 from mxmirror.adapter.children import allocated_mb
 from mxmirror.errors import PlanError
 from mxmirror.gluon import PlannedBlock
+from mxmirror.log import show as show_log
 from tests.mkldnn_off import run_code
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -361,6 +362,7 @@ def test_inference_outside_record_is_the_block():
 
 def test_unchanged_script_under_enabled(caplog):
     """mxmirror.enabled() plans the hybridized block of an unchanged loop, exactly."""
+    show_log()  # before the test's handler: with one, the application's logging decides
     log = logging.getLogger("mxmirror")
     log.addHandler(caplog.handler)
     try:
@@ -379,6 +381,7 @@ def test_unchanged_script_under_enabled(caplog):
 def test_hook_leaves_unhybridized_blocks_alone(caplog):
     CTXS[:] = [mx.cpu(0)]
     net = resnet()
+    show_log()  # before the test's handler: with one, the application's logging decides
     log = logging.getLogger("mxmirror")
     log.addHandler(caplog.handler)
     try:

@@ -7,10 +7,12 @@ MXNet's own log noise is kept out of error output.
 from __future__ import annotations
 
 import argparse
+import builtins
 import json
 import os
-import runpy
 import sys
+import tokenize
+import types
 from pathlib import Path
 
 from mxmirror.adapter.figure import mxnet_mb_many
@@ -395,7 +397,7 @@ def cmd_run(args) -> int:
     sys.argv = [str(script), *args.args]
     sys.path.insert(0, str(script.resolve().parent))
     try:
-        runpy.run_path(str(script), run_name="__main__")
+        _run_as_main(script)
     except BrokenPipeError:  # the reader left: main's quiet ending, as for every command
         raise
     except Exception as exc:  # as `python SCRIPT.py` shows it: the script's frames only
@@ -405,6 +407,24 @@ def cmd_run(args) -> int:
         sys.excepthook(type(exc), exc, exc.with_traceback(tb).__traceback__)
         return 1
     return 0
+
+
+def _run_as_main(script: Path) -> None:
+    """Run `script` as ``python SCRIPT.py`` runs it: module __main__, __file__ and its code
+    named by the absolute path, sys.argv[0] as given (runpy.run_path gives either both
+    relative or both absolute: a script reading a file beside itself did not find it)."""
+    path = str(script.resolve())
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __loader__=None, __spec__=None,
+                         __builtins__=builtins)
+    with tokenize.open(path) as source:  # its encoding declaration read, as Python does
+        code = compile(source.read(), path, "exec")
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = main  # pickle finds the script's own classes there
+    try:
+        exec(code, main.__dict__)
+    finally:
+        sys.modules["__main__"] = saved
 
 
 def cmd_demo(args) -> int:
