@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 from mxnet import autograd, gluon
 
+import mxmirror.gluon.calls as calls
+from mxmirror.errors import PlanError
 from mxmirror.gluon import PlannedBlock
 from tests import mkldnn_off
 from tests.test_gluon_calls import _child, dense_bn
@@ -156,7 +158,7 @@ def test_without_mkldnn():
     """The same with MKL-DNN off (read at process start: a child)."""
     if not mkldnn_off.MKLDNN:
         pytest.skip("this process already runs without MKL-DNN")
-    mkldnn_off.run_pytest(__file__, "not without_mkldnn", passed=6)
+    mkldnn_off.run_pytest(__file__, "not without_mkldnn", passed=8)
 
 
 class Repeats(gluon.HybridBlock):
@@ -250,3 +252,59 @@ def test_one_array_as_two_inputs_like_plain():
 
     assert_same(one_array_twice("none"), one_array_twice(None))
     assert_same(one_array_twice("sqrt"), one_array_twice(None))
+
+
+def skipped_updates(policy: str | None) -> tuple[dict, list]:
+    """A loss-spike guard's loop: two of every three record()s get no backward(). What
+    training leaves, and the planned calls still pending after each step."""
+    net = dense_bn()
+    net.hybridize()
+    model = net if policy is None else PlannedBlock(net, policy)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+    rs = np.random.RandomState(0)
+    pending = []
+    for step in range(9):
+        x, y = mx.nd.array(rs.rand(8, 10)), mx.nd.array(rs.rand(8, 1))
+        with autograd.record():
+            loss = ((model(x) - y) ** 2).mean()
+        if step % 3 == 0:
+            loss.backward()
+            trainer.step(8)
+        del loss
+        pending.append(len(calls.pending()))
+    return {f"value{j}": p.data().asnumpy()
+            for j, p in enumerate(net.collect_params().values())}, pending
+
+
+def test_record_without_backward_is_let_go():
+    """The calls of a record() never followed by backward() are let go once a backward()
+    has passed them by and nothing holds their outputs (they were kept for ever: the
+    process grew with every skipped batch); training equals plain Gluon's."""
+    from tests.test_gluon import assert_same
+
+    planned, pending = skipped_updates("sqrt")
+    assert max(pending) <= 3 and pending[-1] == 2, pending  # the two since the backward
+    assert_same(planned, skipped_updates(None)[0])
+
+
+def test_backward_reaching_a_call_let_go_is_refused():
+    """A record()'s loss kept and backwarded after a later record()'s backward and another
+    call: that call was let go as abandoned (nothing held its outputs), so its backward is
+    refused rather than run without its gradients. Without the call between, it runs."""
+    net = dense_bn()
+    net.hybridize()
+    planned = PlannedBlock(net, "none")
+    x = mx.nd.ones((8, 10))
+    for call_between in (False, True):
+        with autograd.record():
+            first = planned(x).sum()
+        with autograd.record():
+            second = planned(x * 2).sum()
+        second.backward()
+        if call_between:
+            with autograd.record():
+                planned(x * 3)
+            with pytest.raises(PlanError, match="let go since"):
+                first.backward()
+        else:
+            first.backward()

@@ -77,8 +77,16 @@ def run(heads: Any, head_grads: Any, retain_graph: bool, train_mode: bool,
     with calls.lock:
         try:
             pending = calls.pending()
-            graph = _graph(heads) if pending else None
+            graph = _graph(heads) if pending or calls.some_let_go() else None
             names = {n["name"] for n in graph["nodes"]} if graph else set()
+            gone = calls.let_go_reached(names)
+            if gone is not None:
+                raise PlanError(
+                    f"backward() reaches the outputs of a planned call of {gone} that an "
+                    f"earlier backward() passed by and that was let go since (its outputs "
+                    f"were no longer held, so it looked abandoned): its gradients would be "
+                    f"missing. Call backward() for each record() before the next record()'s "
+                    f"backward(), or train this block unplanned (policy none)")
             reached = any(v in names for c in pending for v in c.vars if v) or \
                 any(e.var in names or e.old_name in names for e in calls.remarked())
             if not reached:  # nothing planned on the way: autograd alone

@@ -149,8 +149,7 @@ class PlannedBlock(load_mxnet().gluon.Block):
         key = (str(ctx), given.structure(),
                tuple((x.shape, dtype_name(x.dtype)) for x in given.arrays), reqs,
                tuple((n, p.grad_req, dtype_name(p.dtype)) for n, p in sorted(params.items())))
-        waiting = [c for c in calls.pending_of(self)
-                   if str(c.executor.ctx) == str(ctx) and not c.retained]
+        waiting = calls.waiting_on(self, ctx)
         mine = [c.executor for c in waiting if c.executor in self._executors.get(key, [])]
         plan, symbol, fmt, share = self._plan(key, given, reqs, params, bool(waiting),
                                               bool(mine))

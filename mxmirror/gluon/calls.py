@@ -12,6 +12,7 @@ which calls may still be reached. Every other module reads this one registry.
 
 from __future__ import annotations
 
+import collections
 import sys
 import threading
 import weakref
@@ -26,6 +27,10 @@ lock = threading.RLock()  # around every read or change of the registry
 _pending: list[Call] = []  # in call order
 _outputs: dict[int, tuple[Call, int]] = {}  # an output's handle -> (its call, its index)
 _remarked: dict[int, Remarked] = {}  # a re-marked input's handle -> its entry
+# the output variables of calls let go as abandoned (the latest): a backward() that still
+# reaches one is refused rather than run without that call's gradients
+_let_go: collections.OrderedDict[str, str] = collections.OrderedDict()  # var -> block
+LET_GO_KEPT = 4096
 _backwards = [0]  # backward() calls so far
 _plain_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # block -> {ctx: n}
 
@@ -132,7 +137,23 @@ class Call:
     def abandoned(self) -> bool:
         """No backward can reach it any more, as far as can be known: a backward() has
         passed it by, and nothing but this call holds its outputs."""
-        return self.missed > 0 and all(sys.getrefcount(o) <= 3 for o in self.outputs)
+        if self.missed == 0:
+            return False
+        for k in range(len(self.outputs)):  # held by outputs, marked (the float ones) and
+            # getrefcount's argument alone (a loop variable would be one more)
+            if sys.getrefcount(self.outputs[k]) > 2 + (self.marked[k] is not None):
+                return False
+        return True
+
+    def let_go(self) -> None:
+        """Abandoned (see abandoned()): dropped, its output variables remembered."""
+        with lock:
+            for v in self.vars:
+                if v is not None:
+                    _let_go[v] = self.planned.block.name
+                    if len(_let_go) > LET_GO_KEPT:
+                        _let_go.popitem(last=False)
+        self.drop()
 
     def drop(self) -> None:
         """Done: its outputs become plain arrays again, as autograd leaves a call's
@@ -211,6 +232,18 @@ def remark(source: Source, graph: dict | None = None) -> Source:
     return Source("remarked", entry=entry)
 
 
+def some_let_go() -> bool:
+    with lock:
+        return bool(_let_go)
+
+
+def let_go_reached(names: set[str]) -> str | None:
+    """The block of a call let go as abandoned whose outputs a graph with these node names
+    reads, if any."""
+    with lock:
+        return next((block for v, block in _let_go.items() if v in names), None)
+
+
 def pending() -> list[Call]:
     with lock:
         return list(_pending)
@@ -232,3 +265,16 @@ def pending_of(planned: Any) -> list[Call]:
     """The pending calls of one PlannedBlock."""
     with lock:
         return [c for c in _pending if c.planned is planned]
+
+
+def waiting_on(planned: Any, ctx: Any) -> list[Call]:
+    """The calls of one PlannedBlock on `ctx` waiting for their backward (not kept by
+    retain_graph), the abandoned ones dropped: a record() never followed by a backward()
+    leaves its calls pending until a backward() passes them by."""
+    waiting = []
+    for c in pending_of(planned):
+        if c.abandoned():
+            c.let_go()
+        elif str(c.executor.ctx) == str(ctx) and not c.retained:
+            waiting.append(c)
+    return waiting

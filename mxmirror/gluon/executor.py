@@ -254,7 +254,7 @@ class PlannedExecutor:
         """No call needs it any more: each one's backward done, or the call abandoned."""
         for call in list(self.calls):
             if call.abandoned():
-                call.drop()
+                call.let_go()
         return not self.calls
 
 
