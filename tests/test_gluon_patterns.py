@@ -158,7 +158,7 @@ def test_without_mkldnn():
     """The same with MKL-DNN off (read at process start: a child)."""
     if not mkldnn_off.MKLDNN:
         pytest.skip("this process already runs without MKL-DNN")
-    mkldnn_off.run_pytest(__file__, "not without_mkldnn", passed=8)
+    mkldnn_off.run_pytest(__file__, "not without_mkldnn", passed=9)
 
 
 class Repeats(gluon.HybridBlock):
@@ -308,3 +308,45 @@ def test_backward_reaching_a_call_let_go_is_refused():
                 first.backward()
         else:
             first.backward()
+
+
+def static_alloc_statistics(policy: str | None, ctxs: list) -> dict:
+    """Two steps of a convolutional BatchNorm block hybridized with static_alloc on
+    `ctxs`: every Parameter and statistic on every context, and (planned) the executors
+    bound."""
+    mx.random.seed(7)
+    net = gluon.nn.HybridSequential()
+    for _ in range(3):  # shapes inferred at the first call, as users leave them
+        net.add(gluon.nn.Conv2D(16, 3, padding=1), gluon.nn.BatchNorm(),
+                gluon.nn.Activation("relu"))
+    net.add(gluon.nn.GlobalAvgPool2D(), gluon.nn.Dense(10))
+    net.initialize(mx.init.Xavier(), ctx=ctxs)
+    net.hybridize(static_alloc=True, static_shape=True)
+    model = net if policy is None else PlannedBlock(net, policy)
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    rs = np.random.RandomState(7)
+    for _ in range(2):
+        xs = gluon.utils.split_and_load(mx.nd.array(rs.uniform(size=(32, 3, 24, 24))), ctxs)
+        ys = gluon.utils.split_and_load(mx.nd.array(rs.randint(0, 10, 32)), ctxs)
+        with autograd.record():
+            losses = [loss_fn(model(x), y) for x, y in zip(xs, ys)]
+        autograd.backward(losses)
+        trainer.step(32)
+    seen = {f"{k}@{c}": p.data(c).asnumpy() for k, p in
+            enumerate(net.collect_params().values()) for c in ctxs}
+    if policy is not None:
+        seen["executors"] = np.array(len(model.executors))
+    return seen
+
+
+def test_static_alloc_with_statistics_trains_unplanned():
+    """MXNet's CachedOp with static_alloc updates BatchNorm statistics otherwise than an
+    executor (after two steps: one update on one context, none on two, where an executor
+    makes two): such a block trains itself, and every statistic equals plain Gluon's."""
+    from tests.test_gluon import assert_same
+
+    for ctxs in ([mx.cpu(0)], [mx.cpu(0), mx.cpu(1)]):
+        planned = static_alloc_statistics("sqrt", ctxs)
+        assert planned.pop("executors") == 0
+        assert_same(planned, static_alloc_statistics(None, ctxs))
