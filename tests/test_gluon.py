@@ -396,6 +396,37 @@ def test_hook_leaves_unhybridized_blocks_alone(caplog):
     assert len(lines) == 1 and "not hybridized" in lines[0]
 
 
+class WrongShape(gluon.HybridBlock):
+    """A user's bug: a Parameter whose shape the graph cannot take."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        with self.name_scope():
+            self.d = gluon.nn.Dense(8)
+            self.g = self.params.get("g", shape=(1, 3), init=mx.init.One())
+
+    def hybrid_forward(self, F, x, g):
+        return self.d(x) * g
+
+
+def test_a_block_that_fails_itself_fails_as_plain_without_a_line(caplog):
+    """Under the hook, a block whose own first call fails (a user's bug) raises its own
+    error, as plain Gluon does, and mxmirror says nothing about training it unplanned."""
+    show_log()  # before the test's handler: with one, the application's logging decides
+    log = logging.getLogger("mxmirror")
+    log.addHandler(caplog.handler)
+    net = WrongShape()
+    net.initialize()
+    net.hybridize()
+    try:
+        with mxmirror.enabled("sqrt"), autograd.record(), pytest.raises(ValueError,
+                                                                        match="Deferred"):
+            net(mx.nd.ones((4, 5)))
+    finally:
+        log.removeHandler(caplog.handler)
+    assert [r.getMessage() for r in caplog.records] == []
+
+
 def test_recursive_on_a_small_resnet_trains_like_plain(plain_resnet):
     """recursive runs on MXNet's own executor when its segmented plan would not be better
     (the never-worse rule), and then trains exactly like plain hybridized Gluon; the

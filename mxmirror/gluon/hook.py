@@ -69,16 +69,20 @@ def install(state: Callable[[], tuple[str | None, Any]]) -> None:
         planned = _planned.get(self)
         if planned is None or (planned.policy, planned.budget) != (policy, budget):
             planned = _planned[self] = PlannedBlock(self, policy, budget)
-        out = None
+        out, why = None, None
         _depth.inside = True
         try:
             out = planned.planned_call(args, kwargs)
         except Exception as e:  # noqa: BLE001 - never stop the script: train it unplanned
             planned.fell_back()
             why = str(e) if isinstance(e, PlanError) else f"{type(e).__name__}: {e}"
-            say(self, f"mxmirror: gluon {self.name} trained unplanned: {why}")
         finally:
             _depth.inside = False
-        return original(self, *args, **kwargs) if out is None else out
+        if out is not None:
+            return out
+        out = original(self, *args, **kwargs)  # the block's own error, if it has one: no line
+        if why is not None:
+            say(self, f"mxmirror: gluon {self.name} trained unplanned: {why}")
+        return out
 
     hybrid.__call__ = call
