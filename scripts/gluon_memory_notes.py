@@ -93,7 +93,7 @@ def overhead_child(mode: str) -> None:
         from mxmirror.gluon import PlannedBlock
 
         chosen = block.choose_plan
-        block.choose_plan = lambda *a, **k: (chosen(*a, **k)[0], False, False)  # unused
+        block.choose_plan = lambda *a, **k: (chosen(*a, **k)[0], False, False, False)  # unused
         run = PlannedBlock(net, "sqrt")
     x = mx.nd.random.uniform(shape=(8, 3, 32, 32))
     y = mx.nd.array([i % 10 for i in range(8)])
