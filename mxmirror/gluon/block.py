@@ -39,7 +39,7 @@ from mxmirror.gluon.inputs import (
     shapes_text,
     unsupported,
 )
-from mxmirror.gluon.signature import signature
+from mxmirror.gluon.signature import Signature, signature
 from mxmirror.gluon.sums import CHAIN_FROM
 from mxmirror.log import log
 from mxmirror.log import show as show_log
@@ -66,7 +66,7 @@ class PlannedBlock(load_mxnet().gluon.Block):
         self.policy = policy
         self.budget = budget
         self._executors: dict[tuple, list[PlannedExecutor]] = {}  # by call signature
-        self._plans: dict[tuple, tuple] = {}  # by signature: what planning it needs
+        self._plans: dict[tuple, Signature] = {}  # by signature: its graph and plan
         self._decided: dict[tuple, Any] = {}  # (signature, another call pending, plain's
         # gradient terms counted, one of its signature pending to share): its plan, or
         # False where it would not pay
