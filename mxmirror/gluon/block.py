@@ -152,17 +152,17 @@ class PlannedBlock(load_mxnet().gluon.Block):
                tuple((n, p.grad_req, dtype_name(p.dtype)) for n, p in sorted(params.items())))
         waiting = calls.waiting_on(self, ctx)
         mine = [c.executor for c in waiting if c.executor in self._executors.get(key, [])]
-        plan, symbol, fmt, share = self._plan(key, given, reqs, params, bool(waiting),
-                                              bool(mine))
+        plan, sig, share = self._plan(key, given, reqs, params, bool(waiting), bool(mine))
         if plan is False:
             self.fell_back()
             return None
         if share:
             executor = mine[-1]
-            self._forget(str(ctx), key)  # the free executors of its signature: not needed
+            if len(self._executors[key]) > 1:  # free ones of its signature are not needed
+                self._forget(str(ctx), key)  # (checked once, not at every call of a loop)
             executor.take_over()
         else:
-            executor = self._executor(key, plan, symbol, given, reqs, params, ctx)
+            executor = self._executor(key, plan, sig, given, reqs, params, ctx)
         outputs = executor.forward(given.arrays)
         # committed only now, so that a call that fails above leaves nothing behind
         sources = [calls.remark(s) for s in sources]
@@ -174,11 +174,11 @@ class PlannedBlock(load_mxnet().gluon.Block):
         calls.Call(self, executor, sources, outputs)
         from mxnet.gluon.block import _regroup
 
-        return _regroup(outputs, fmt)
+        return _regroup(outputs, sig.fmt)
 
     def _plan(self, key: tuple, given: CallArgs, reqs: tuple, params: dict,
               others: bool, same: bool) -> tuple:
-        """(plan or None for policy none, or False: not worth it; symbol; output format;
+        """(plan or None for policy none, or False: not worth it; the call's Signature;
         whether the call shares the executor of a waiting call of its signature, `same`:
         there is one)."""
         if key not in self._plans:
@@ -195,7 +195,7 @@ class PlannedBlock(load_mxnet().gluon.Block):
                 log.info(f"mxmirror: gluon {self.block.name} trained unplanned: hybridized "
                          f"with static_alloc=True, MXNet's CachedOp updates its auxiliary "
                          f"states (BatchNorm statistics) otherwise than an executor does")
-            return False, None, sig.fmt, False
+            return False, sig, False
         # plain Gluon's backward holds a gradient term of every Parameter per call where it
         # sums them with ElementWiseSum; from CHAIN_FROM calls, chained, it may not
         credited = max(self._records[key[0]][1:]) < CHAIN_FROM
@@ -231,14 +231,14 @@ class PlannedBlock(load_mxnet().gluon.Block):
                          f"though it does not pay there: a planned call followed by unplanned "
                          f"ones would not sum the Parameters' gradients as plain Gluon does; "
                          f"the next record() trains the block unplanned")
-            return self._unused[situation], sig.symbol, sig.fmt, False
+            return self._unused[situation], sig, False
         if plan is not False and not self._loops[situation] and \
                 self._records[key[0]][2] != 1:
             # planned once records() have called it once each, which no later one can
             # change: the executors bound on this context are let go
             self._forget(key[0])
-            return False, None, sig.fmt, False
-        return plan, None if plan is False else sig.symbol, sig.fmt, self._shares[situation]
+            return False, sig, False
+        return plan, sig, self._shares[situation]
 
     def _forget(self, ctx: str, only: tuple | None = None) -> None:
         """Let go of the free executors on `ctx` (of signature `only`, if given; and the
@@ -262,7 +262,7 @@ class PlannedBlock(load_mxnet().gluon.Block):
             record[:] = [calls.backwards(), 0, max(record[1:])]
         record[1] += 1
 
-    def _executor(self, key: tuple, plan: Any, symbol: Any, given: CallArgs,
+    def _executor(self, key: tuple, plan: Any, sig: Signature, given: CallArgs,
                   reqs: tuple, params: dict, ctx: Any) -> PlannedExecutor:
         """A free executor of this signature, bound if none is."""
         mx = load_mxnet()
@@ -273,7 +273,8 @@ class PlannedBlock(load_mxnet().gluon.Block):
                     pool.remove(ex)  # its Parameters' arrays were replaced (cast, reset_ctx)
                 elif usable(ex):  # else a waiting call writes a gradient where it would
                     return ex
-        ex = PlannedExecutor(symbol, given.names, given.arrays, reqs, params, ctx, plan)
+        ex = PlannedExecutor(sig.symbol, given.names, given.arrays, reqs, params, ctx, plan,
+                             sig.random)
         pool.append(ex)
         args, kwargs = given.rebuilt(given.arrays)
         if not self.block._cached_op_args and not kwargs and not _own_call(self.block):

@@ -16,14 +16,12 @@ CachedOp frees its own after each op); a plan whose saving does not cover them i
 
 from __future__ import annotations
 
-import json
 import weakref
 from typing import Any
 
 from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
 from mxmirror.gluon.inputs import nbytes, shapes_text, variable_name
-from mxmirror.ir import ops
 from mxmirror.ir.graph import Graph
 from mxmirror.log import log, mb_text
 from mxmirror.runtime.aux_order import order_aux_updates
@@ -136,7 +134,7 @@ class PlannedExecutor:
     Parameters' own data, aux and (first executor) gradient arrays."""
 
     def __init__(self, symbol: Any, names: list[str], inputs: list, input_reqs: tuple,
-                 params: dict, ctx: Any, plan: Any) -> None:
+                 params: dict, ctx: Any, plan: Any, random: bool) -> None:
         mx = load_mxnet()
         self.names, self.ctx, self.plan = names, ctx, plan
         self.calls: list = []  # the pending calls it serves (several where they share it)
@@ -187,8 +185,7 @@ class PlannedExecutor:
         self.input_grads = [self.exec.grad_dict.get(n) if r != "null" else None
                             for n, r in zip(names, input_reqs)]
         self.inputs_order = symbol.list_inputs()  # data and Parameters, as the CachedOp's
-        graph = json.loads(symbol.tojson())
-        self.random = any(ops.is_random(n["op"]) for n in graph["nodes"])
+        self.random = random  # the graph draws random numbers (signature.Signature)
         self.param_vars = {name: variable_name(p.data(ctx)) for name, p in self.trained}
         # what a call holds besides MXNet's figure: its input copies, their gradients, and
         # the copies of its outputs it gives out

@@ -29,7 +29,14 @@ class Signature:
     plan: Any  # a Plan (its analysed graph let go), or None for policy none
     layout: int  # the MKL-DNN layout copies the planned executor keeps
     kept: int  # what plain Gluon keeps for a call between its forward and its backward
-    rerunnable: bool  # calls may share an executor: its forward runs again as it ran
+    random: bool  # the graph draws random numbers (Dropout): a forward run again draws others
+
+    @property
+    def rerunnable(self) -> bool:
+        """Calls may share an executor, its forward run again as it ran: no random op, and
+        MXNet's executor runs the plan."""
+        return self.plan is not None and isinstance(self.plan.execution, MirrorExecution) \
+            and not self.random
 
     @property
     def symbol(self) -> Any:
@@ -72,10 +79,8 @@ def signature(block: Any, given: CallArgs, reqs: tuple, params: dict, policy: st
         layout, kept = executor_own_bytes(plan), retained_bytes(plan.graph)
         plan.release()  # kept for its binds, which read no analysed graph
     graph = SymbolText.of(symbol)
-    # no random op (a forward run again would draw other numbers) and MXNet's executor
-    rerunnable = plan is not None and isinstance(plan.execution, MirrorExecution) and \
-        not any(ops.is_random(n["op"]) for n in json.loads(graph.text)["nodes"])
-    return Signature(shapes, graph, fmt, copies, plan, layout, kept, rerunnable)
+    random = any(ops.is_random(n["op"]) for n in json.loads(graph.text)["nodes"])
+    return Signature(shapes, graph, fmt, copies, plan, layout, kept, random)
 
 
 def _distinct_outputs(mx: Any, heads: list) -> Any:
