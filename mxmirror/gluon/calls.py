@@ -167,6 +167,8 @@ class Call:
                     _unmark(o)
             if self in self.executor.calls:
                 self.executor.calls.remove(self)
+            if self.executor.resident is self:  # nothing of it held: no cycle left either
+                self.executor.resident = None
             self.kept_inputs = None
 
 
