@@ -25,7 +25,7 @@ import mxmirror.gluon.signature as gluon_signature
 from mxmirror.adapter.children import allocated_mb
 from mxmirror.errors import PlanError
 from mxmirror.gluon import PlannedBlock
-from mxmirror.log import show as show_log
+from tests.helpers import log_lines
 from tests.mkldnn_off import run_code
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -360,39 +360,26 @@ def test_inference_outside_record_is_the_block():
     assert not planned.executors  # no executor bound for inference
 
 
-def test_unchanged_script_under_enabled(caplog):
+def test_unchanged_script_under_enabled():
     """mxmirror.enabled() plans the hybridized block of an unchanged loop, exactly."""
-    show_log()  # before the test's handler: with one, the application's logging decides
-    log = logging.getLogger("mxmirror")
-    log.addHandler(caplog.handler)
-    try:
-        with mxmirror.enabled("sqrt"):
-            hooked = train(resnet, None)
-    finally:
-        log.removeHandler(caplog.handler)
+    with log_lines() as logged, mxmirror.enabled("sqrt"):
+        hooked = train(resnet, None)
     assert_same(hooked, train(resnet, None))
-    lines = [r.getMessage() for r in caplog.records if "gluon" in r.getMessage()]
+    lines = [line for line in logged if "gluon" in line]
     planned = [line for line in lines if "policy=sqrt" in line]
     assert len(planned) == 1 and "resnet" in planned[0], lines
     # the loss is a HybridBlock too, never hybridized, with no Parameters: not a word
     assert lines == planned
 
 
-def test_hook_leaves_unhybridized_blocks_alone(caplog):
+def test_hook_leaves_unhybridized_blocks_alone():
     CTXS[:] = [mx.cpu(0)]
     net = resnet()
-    show_log()  # before the test's handler: with one, the application's logging decides
-    log = logging.getLogger("mxmirror")
-    log.addHandler(caplog.handler)
-    try:
-        with mxmirror.enabled("sqrt"):
-            for _ in range(2):
-                with autograd.record():
-                    out = net(mx.nd.ones((2, 3, 32, 32)))
-                out.backward()
-    finally:
-        log.removeHandler(caplog.handler)
-    lines = [r.getMessage() for r in caplog.records]
+    with log_lines() as lines, mxmirror.enabled("sqrt"):
+        for _ in range(2):
+            with autograd.record():
+                out = net(mx.nd.ones((2, 3, 32, 32)))
+            out.backward()
     assert len(lines) == 1 and "not hybridized" in lines[0]
 
 
@@ -409,22 +396,16 @@ class WrongShape(gluon.HybridBlock):
         return self.d(x) * g
 
 
-def test_a_block_that_fails_itself_fails_as_plain_without_a_line(caplog):
+def test_a_block_that_fails_itself_fails_as_plain_without_a_line():
     """Under the hook, a block whose own first call fails (a user's bug) raises its own
     error, as plain Gluon does, and mxmirror says nothing about training it unplanned."""
-    show_log()  # before the test's handler: with one, the application's logging decides
-    log = logging.getLogger("mxmirror")
-    log.addHandler(caplog.handler)
     net = WrongShape()
     net.initialize()
     net.hybridize()
-    try:
-        with mxmirror.enabled("sqrt"), autograd.record(), pytest.raises(ValueError,
-                                                                        match="Deferred"):
-            net(mx.nd.ones((4, 5)))
-    finally:
-        log.removeHandler(caplog.handler)
-    assert [r.getMessage() for r in caplog.records] == []
+    with log_lines() as lines, mxmirror.enabled("sqrt"), autograd.record(), \
+            pytest.raises(ValueError, match="Deferred"):
+        net(mx.nd.ones((4, 5)))
+    assert lines == []
 
 
 def test_recursive_on_a_small_resnet_trains_like_plain(plain_resnet):

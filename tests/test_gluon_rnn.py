@@ -29,6 +29,7 @@ from mxmirror.gluon import PlannedBlock
 from mxmirror.log import show as show_log
 from symbols.gluon_lm import WordLM
 from tests import mkldnn_off
+from tests.helpers import log_lines, read_step
 from tests.test_gluon import assert_same
 
 
@@ -191,12 +192,8 @@ def decoder_loop(policy=None, hooked=False, steps=2, T=10, B=3, encoder=True, hi
                     out, state = model(seq[t], state)
                     loss = loss + loss_fn(out, y[t])
             loss.backward()
-            seen[f"loss{step}"] = loss.asnumpy()
-            if encoder:
-                seen[f"dx{step}"] = x.grad.asnumpy()
-            for k, p in enumerate(params.values()):
-                if p.grad_req != "null":  # BatchNorm's statistics: among the values
-                    seen[f"grad{step}.{k}"] = p.grad().asnumpy()
+            read_step(seen, step, params.values(), loss=loss,
+                      **({"dx": x.grad} if encoder else {}))
             trainer.step(B)
     for k, p in enumerate(params.values()):
         seen[f"value{k}"] = p.data().asnumpy()
@@ -217,19 +214,15 @@ def test_decoder_step_loop_like_plain():
 LOOP = dict(encoder=False, B=64, hidden=32, depth=8)  # a plan that pays for one call alone
 
 
-def _lines(caplog, run) -> list[str]:
-    show_log()
-    log = logging.getLogger("mxmirror")
-    log.addHandler(caplog.handler)
-    try:
+def _lines(run) -> list[str]:
+    """The step block's lines mxmirror logs while `run()` runs."""
+    with log_lines() as lines:
         run()
-    finally:
-        log.removeHandler(caplog.handler)
-    return [r.getMessage() for r in caplog.records if "decoderstep" in r.getMessage()]
+    return [line for line in lines if "decoderstep" in line]
 
 
 @pytest.mark.parametrize("norm", [False, True])
-def test_step_loop_shares_one_executor_like_plain(caplog, norm):
+def test_step_loop_shares_one_executor_like_plain(norm):
     """A step block whose plan pays for one call, where a further executor beside it would
     hold more than plain Gluon keeps for a call: the later calls share one executor, each
     call's backward running its forward again from the inputs it kept (the first call's
@@ -243,19 +236,21 @@ def test_step_loop_shares_one_executor_like_plain(caplog, norm):
             assert len(mxmirror.gluon.hook.planned_for(blocks[0]).executors) == 2, T
             assert_same(seen, decoder_loop(T=T, norm=norm, **LOOP))
 
-    lines = _lines(caplog, run)  # one for each T's block
+    lines = _lines(run)  # one for each T's block
     assert len(lines) == 3 and all("a further call in the same record() shares its executor"
                                    in line for line in lines), lines
 
 
-def test_step_loop_with_dropout_trains_unplanned(caplog):
+def test_step_loop_with_dropout_trains_unplanned(monkeypatch):
     """A step block that draws random numbers (Dropout) cannot run its forward again, so
     its calls cannot share an executor; a further executor beside the first would hold
     more than plain Gluon keeps: no executor is bound, the line says why, and the loop
     trains like plain Gluon. (Planning the first call alone and training the rest
     unplanned sums the Parameters' gradients otherwise than plain Gluon for 3 to 5 calls:
     measured.)"""
-    layout = mxmirror.gluon.signature.executor_own_bytes
+    # Dropout's layout copies with MKL-DNN on would outweigh the plan alone
+    # (tests/test_gluon_layout.py)
+    monkeypatch.setattr(mxmirror.gluon.signature, "executor_own_bytes", lambda plan: 0)
 
     def run():
         for T in (3, 4):
@@ -264,11 +259,7 @@ def test_step_loop_with_dropout_trains_unplanned(caplog):
             assert mxmirror.gluon.hook.planned_for(blocks[0]).executors == [], T
             assert_same(seen, decoder_loop(T=T, drop=0.3, **LOOP))
 
-    mxmirror.gluon.signature.executor_own_bytes = lambda plan: 0  # Dropout's layout copies
-    try:  # with MKL-DNN on would outweigh the plan alone (tests/test_gluon_layout.py)
-        lines = _lines(caplog, run)
-    finally:
-        mxmirror.gluon.signature.executor_own_bytes = layout
+    lines = _lines(run)
     assert lines and all("a second call in the same record() would not pay" in line
                          for line in lines), lines
 
@@ -285,7 +276,7 @@ def test_block_called_once_per_record_is_planned_from_its_second():
     assert_same(seen, decoder_loop(**once))
 
 
-def test_block_called_once_per_record_then_several_times_in_one(caplog):
+def test_block_called_once_per_record_then_several_times_in_one():
     """Records that called the block once each, then ones that call it 3 and 4 times: the
     first call of such a record() is planned (its plan pays), the second, whose signature
     differs (its state needs a gradient), gets an executor beside it though one does not
@@ -294,7 +285,7 @@ def test_block_called_once_per_record_then_several_times_in_one(caplog):
     and every gradient and parameter equals plain Gluon's."""
     rare = dict(LOOP, B=256, hidden=16, lengths=[1, 1, 3, 1, 4, 1])
     blocks = []
-    lines = _lines(caplog, lambda: blocks.append(
+    lines = _lines(lambda: blocks.append(
         decoder_loop("sqrt", hooked=True, steps=6, **rare, blocks=blocks)))
     assert_same(blocks[1], decoder_loop(steps=6, **rare))
     planned = mxmirror.gluon.hook.planned_for(blocks[0])
