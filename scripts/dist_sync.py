@@ -33,7 +33,7 @@ from _bootstrap import ROOT
 from provenance import generated_by
 
 STEPS = 4
-GLOBAL_BATCH = 32
+GLOBAL_BATCH = 128  # large enough that the plans save more than their mirror copies cost
 FEATURES = 64
 CLASSES = 10
 TIMEOUT = 90  # seconds for the whole cluster
@@ -48,7 +48,7 @@ def net(policy: str = "sqrt"):
         return conv_chain(48, 8, CLASSES, batchnorm=False)
     x = mx.sym.var("data")
     for i in range(5):
-        x = mx.sym.Activation(mx.sym.FullyConnected(x, num_hidden=256, name=f"fc{i}"),
+        x = mx.sym.Activation(mx.sym.FullyConnected(x, num_hidden=1024, name=f"fc{i}"),
                               act_type="relu", name=f"relu{i}")
     x = mx.sym.FullyConnected(x, num_hidden=CLASSES, name="out")
     return mx.sym.SoftmaxOutput(x, name="softmax")

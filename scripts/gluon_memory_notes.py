@@ -128,7 +128,7 @@ def executor_child(name: str, how: str, batch: str, side: str) -> None:
 
     import mxmirror
     from mxmirror.adapter.children import allocated_mb
-    from mxmirror.adapter.layout_copies import executor_own_bytes
+    from mxmirror.adapter.executor_memory import layout_copies
 
     net = vision.get_model(name, classes=10)
     net.initialize(mx.init.Xavier())
@@ -150,7 +150,7 @@ def executor_child(name: str, how: str, batch: str, side: str) -> None:
                 req = {n: "null" if n == "data" else "write" for n in args}
                 ex = sym.bind(mx.cpu(), args, args_grad=grads, grad_req=req, aux_states=aux)
                 figure = sum(allocated_mb(ex.debug_str()))
-                copies = executor_own_bytes(mxmirror.plan(sym, "none", grad_req=req,
+                copies = layout_copies(mxmirror.plan(sym, "none", grad_req=req,
                                                           data=x.shape)) / 2**20
             ex.forward(is_train=True)
             ex.backward(mx.nd.ones(ex.outputs[0].shape))

@@ -1,4 +1,5 @@
-"""Shared pytest set-up: the repository root on sys.path and the ``slow`` marker."""
+"""Shared pytest set-up: the repository root on sys.path, the ``slow`` marker, the plan cache
+in a folder of the session, and plans bound whatever they save for the modules that ask."""
 
 from __future__ import annotations
 
@@ -33,3 +34,14 @@ def _plans_in_session_dir(tmp_path_factory):
     cache.plans_dir = lambda: None if cache_path() is None else folder
     yield
     cache.plans_dir = saved
+
+
+@pytest.fixture
+def plans_bound_regardless():
+    """For a test module that compares what plans compute on graphs too small for a plan to
+    pay (``pytestmark = pytest.mark.usefixtures("plans_bound_regardless")``):
+    tests.helpers.bound_regardless around each test."""
+    from tests.helpers import bound_regardless
+
+    with bound_regardless():
+        yield

@@ -1,7 +1,7 @@
 """What several test files need: a child process's environment, mxmirror's command line in a
 child with frequent progress lines, MXNet's own figure of a bind in this process, dicts of
-arrays compared name by name, mxmirror's log lines, and what a training step leaves for a
-user to read."""
+arrays compared name by name, mxmirror's log lines, what a training step leaves for a user
+to read, and a plan bound whatever it saves."""
 
 from __future__ import annotations
 
@@ -14,7 +14,41 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from mxmirror.adapter.children import allocated_mb
+from mxmirror.adapter.executor_memory import OwnMemory
 from tests.mkldnn_off import ROOT
+
+# what a planned executor holds outside MXNet's figure, set to nothing: a test that compares
+# what a plan computes binds it whatever it saves (bound_regardless)
+NOTHING_OWN = OwnMemory(0, 0, 0)
+
+
+def assert_planned(*models) -> None:
+    """Every PlannedBlock among `models` (a plain block passes) ran its calls on planned
+    executors: a comparison with plain Gluon is then not one of plain Gluon with itself."""
+    for model in models:
+        decisions = getattr(model, "decisions", None)
+        if decisions is not None:
+            assert decisions and all(used for _, used in decisions), decisions
+
+
+@contextlib.contextmanager
+def bound_regardless() -> Iterator[None]:
+    """Plans bound whatever they save, by the bind hook and PlannedBlock: what a planned
+    executor holds outside MXNet's figure (its nodes' structures, layout copies) counted as
+    nothing, for tests that compare what a plan computes on graphs too small for a plan to
+    pay (adapter/executor_memory.py; tests of that rule leave it on). The hook's kept
+    verdicts are forgotten on the way in and out."""
+    import mxmirror.gluon.signature as signature
+    from mxmirror.frontends import hook
+
+    saved = signature.beyond_cached_op, hook.beyond_unplanned
+    signature.beyond_cached_op = hook.beyond_unplanned = lambda plan: NOTHING_OWN
+    hook._plans.clear()
+    try:
+        yield
+    finally:
+        signature.beyond_cached_op, hook.beyond_unplanned = saved
+        hook._plans.clear()
 
 
 def child_env(**extra: str) -> dict[str, str]:

@@ -21,6 +21,9 @@ from mxmirror.runtime.segmented.executor import SegmentedExecutor
 from mxmirror.runtime.segmented.runner import settle
 from tests import mkldnn_off
 
+# the graphs are small: plans are bound whatever they save, to compare what they compute
+pytestmark = pytest.mark.usefixtures("plans_bound_regardless")
+
 NO_MKLDNN = not mkldnn_off.MKLDNN
 BATCH, SIZE = 8, 8
 DEPTH = 32  # blocks: deep enough that recursive stays segmented under never-worse

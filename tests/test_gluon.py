@@ -21,11 +21,10 @@ from mxnet import autograd, gluon
 import mxmirror
 import mxmirror.gluon.block as block_module
 import mxmirror.gluon.executor as gluon_executor
-import mxmirror.gluon.signature as gluon_signature
 from mxmirror.adapter.children import allocated_mb
 from mxmirror.errors import PlanError
 from mxmirror.gluon import PlannedBlock
-from tests.helpers import log_lines
+from tests.helpers import bound_regardless, log_lines
 from tests.mkldnn_off import run_code
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,12 +95,19 @@ def budget_for(net, shape):
     return mxmirror.plan(sym, "sqrt", data=shape).planned_bytes
 
 
-def train(make, policy=None, steps=3, ctxs=None, grad_req="write", dtype="float32",
-          input_grad=False, batch=2, seed=None, budget=None, read_grads=True, size=32,
-          by_name=False):
+def train(make, policy=None, *args, **kw):
     """Every array a user can read after `steps` Trainer steps: gradients (at each step),
     parameters with BatchNorm statistics, outputs, losses and input gradients (parameters
-    keyed by position, or by name for blocks that list them in another order)."""
+    keyed by position, or by name for blocks that list them in another order). Plans are
+    bound whatever they save (tests/test_executor_memory.py has what decides that): this
+    compares what they compute."""
+    with bound_regardless():
+        return _train(make, policy, *args, **kw)
+
+
+def _train(make, policy=None, steps=3, ctxs=None, grad_req="write", dtype="float32",
+           input_grad=False, batch=2, seed=None, budget=None, read_grads=True, size=32,
+           by_name=False):
     ctxs = ctxs or (mx.cpu(0),)
     CTXS[:] = list(ctxs)
     net = make(dtype)
@@ -220,14 +226,13 @@ def test_tight_loop_like_plain_hybridized():
                 train(resnet, None, steps=6, read_grads=False))
 
 
-def test_dropout_like_plain_every_policy(monkeypatch):
+def test_dropout_like_plain_every_policy():
     """MXNet's executor and the CachedOp draw the same Dropout masks from one seed
     (measured, so plain hybridized Gluon is the reference), and a recomputation never
     draws a new one: the plans recompute what feeds a Dropout (checked). With MKL-DNN on,
     the executor's copies of the Dropouts' blocked inputs outweigh what these small plans
-    save, so they would train unplanned: they are bound here regardless, to compare what
+    save, so they would train unplanned: train() binds them regardless, to compare what
     they compute (whether a plan pays is tests/test_gluon_layout.py's)."""
-    monkeypatch.setattr(gluon_signature, "executor_own_bytes", lambda plan: 0)
     reference = train(dropout_net, None, seed=3)
     sym = dropout_net()(mx.sym.var("data"))
     for policy in ("cheap", "sqrt", "optimal"):
@@ -341,9 +346,9 @@ def test_eight_calls_that_cannot_share_then_unplanned(monkeypatch):
     and their gradient buffers let go and their memory given back once. Bitwise as plain."""
     released = []
     monkeypatch.setattr(block_module, "release_freed", lambda: released.append(1))
-    monkeypatch.setattr(gluon_signature, "executor_own_bytes", lambda plan: 0)  # as above
     records = [[(2, i + step) for i in range(8)] for step in range(2)]
-    planned, _ = by_record(records, "sqrt", dropout_net)
+    with bound_regardless():  # as above
+        planned, _ = by_record(records, "sqrt", dropout_net)
     assert released == [1]
     assert (planned.pop("executors0"), planned.pop("executors1")) == (8, 0)
     assert planned.pop("buffers1") == 0 < planned.pop("buffers0")

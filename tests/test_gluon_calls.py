@@ -30,7 +30,7 @@ from mxmirror.gluon import PlannedBlock
 from mxmirror.runtime.segmented.executor import SegmentedExecutor
 from tests import mkldnn_off
 from tests import test_gluon_segmented as seg
-from tests.helpers import read_step, read_values
+from tests.helpers import assert_planned, bound_regardless, read_step, read_values
 from tests.test_gluon import CTXS, assert_same
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,14 +47,20 @@ def dense_bn(dtype="float32"):
     return net
 
 
-def calls(make, policy=None, n=2, steps=3, input_grad=False, shape=(128, 10), by_name=False,
-          optimizer="sgd", unused=None):
+def calls(make, policy=None, *args, **kw):
     """Every array a user can read after `steps` Trainer steps whose record() calls the
     block `n` times on different batches: gradients, parameters with BatchNorm
     statistics, outputs, losses (and the gradients of the inputs `input_grad` asks for:
     True, or one flag per call); parameters by position, or by name for blocks that list
     them in another order. The output of call `unused` (an index) is left out of the
-    loss."""
+    loss. Plans are bound whatever they save beside their executors' own structures (the
+    graphs are small): this compares what they compute."""
+    with bound_regardless():
+        return _calls(make, policy, *args, **kw)
+
+
+def _calls(make, policy=None, n=2, steps=3, input_grad=False, shape=(128, 10), by_name=False,
+           optimizer="sgd", unused=None):
     CTXS[:] = [mx.cpu(0)]
     net = make()
     net.hybridize()
@@ -93,7 +99,7 @@ def calls(make, policy=None, n=2, steps=3, input_grad=False, shape=(128, 10), by
 
 def test_two_and_three_calls_like_plain():
     planned = PlannedBlock(_hybridized(dense_bn), "sqrt")
-    with autograd.record():
+    with autograd.record(), bound_regardless():
         (planned(mx.nd.zeros((128, 10))) + planned(mx.nd.ones((128, 10)))).mean().backward()
     assert len(planned.executors) == 1  # shared: the second call runs its forward again
     assert all(ex.plan.mirrored for ex in planned.executors)
@@ -129,7 +135,7 @@ def test_segmented_plan_called_twice():
     tests/test_gluon_segmented.py explains)."""
     shape = (2, 3, seg.SIZE, seg.SIZE)
     planned = PlannedBlock(_hybridized(seg.chain), "recursive")
-    with autograd.record():
+    with autograd.record(), bound_regardless():
         (planned(mx.nd.zeros(shape)) + planned(mx.nd.ones(shape))).mean().backward()
     assert len(planned.executors) == 2
     assert all(isinstance(ex.exec, SegmentedExecutor) for ex in planned.executors)
@@ -193,7 +199,7 @@ def dcgan(policy=None, steps=20, batch=8):
     real_label, fake_label = mx.nd.ones((batch,)), mx.nd.zeros((batch,))
     losses = []
     scope = mxmirror.enabled(policy) if policy else contextlib.nullcontext()
-    with scope:
+    with scope, bound_regardless():  # small networks: their plans' nodes are not weighed
         for _ in range(steps):
             real = mx.nd.array(rs.rand(batch, 16) * 2 - 1)
             noise = mx.nd.array(rs.randn(batch, 8))
@@ -243,7 +249,7 @@ def two_readers(policy=None, steps=3, batch=8):
     trainer = gluon.Trainer(params, "adam", {"learning_rate": 0.01})
     rs = np.random.RandomState(0)
     seen = {}
-    with mxmirror.enabled(policy) if policy else contextlib.nullcontext():
+    with mxmirror.enabled(policy) if policy else contextlib.nullcontext(), bound_regardless():
         for step in range(steps):
             noise, target = mx.nd.array(rs.randn(batch, 8)), mx.nd.array(rs.rand(batch, 16))
             with autograd.record():
@@ -274,13 +280,14 @@ def check_adam_tight_loop_like_plain():
         trainer = gluon.Trainer(net.collect_params(), "adam", {"learning_rate": 0.01})
         mx.random.seed(1)
         losses = []
-        for _ in range(20):
-            x = mx.nd.random.uniform(shape=(8, 10))
-            with autograd.record():
-                loss = (model(x) ** 2).mean()
-            loss.backward()
-            trainer.step(8)
-            losses.append(loss)
+        with bound_regardless():
+            for _ in range(20):
+                x = mx.nd.random.uniform(shape=(8, 10))
+                with autograd.record():
+                    loss = (model(x) ** 2).mean()
+                loss.backward()
+                trainer.step(8)
+                losses.append(loss)
         values = {f"value.{k}": p.data() for k, p in enumerate(net.collect_params().values())}
         return {k: v.asnumpy() for k, v in [*enumerate(losses), *values.items()]}
 
@@ -318,7 +325,7 @@ def beside(first: str, steps: int = 3) -> dict:
     seen = {}
     for step in range(steps):
         a, b = mx.nd.array(rs.rand(8, 10)), mx.nd.array(rs.rand(8, 10))
-        with autograd.record():
+        with autograd.record(), bound_regardless():  # the network is small
             if first == "planned":
                 loss = planned(a).mean() + net(b).mean()
             elif first == "block":
@@ -328,6 +335,8 @@ def beside(first: str, steps: int = 3) -> dict:
         loss.backward()
         read_step(seen, step, net.collect_params().values(), loss=loss)
         trainer.step(8)
+    if first == "planned":  # its calls ran planned (the block itself first: none does)
+        assert_planned(planned)
     return read_values(seen, net.collect_params().values())
 
 
@@ -357,6 +366,7 @@ import mxmirror
 from mxmirror.errors import PlanError
 from mxmirror.gluon import PlannedBlock
 from tests import test_gluon_calls as t
+from tests.helpers import assert_planned, bound_regardless
 
 def run(policy):
     mx.random.seed(0)
@@ -386,9 +396,10 @@ with autograd.record():
         planned(net_g(mx.nd.ones((8, 8))))
     except PlanError as e:
         print("refused:", e)
-with autograd.record():  # its outputs need no gradient once detached: trained planned
-    loss = planned(net_g(mx.nd.ones((8, 8))).detach()).mean()
+with autograd.record(), bound_regardless():  # its outputs need no gradient once detached:
+    loss = planned(net_g(mx.nd.ones((8, 8))).detach()).mean()  # trained planned
 loss.backward()
+assert_planned(planned)
 mx.nd.waitall()
 print("ok")
 """

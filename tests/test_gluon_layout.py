@@ -28,7 +28,7 @@ PROBE = textwrap.dedent("""
     from pathlib import Path
     import mxnet as mx
     from mxmirror.adapter.children import allocated_mb
-    from mxmirror.adapter.layout_copies import executor_own_bytes
+    from mxmirror.adapter.executor_memory import layout_copies
     from mxmirror.api import prepare
 
     def rss():
@@ -62,7 +62,7 @@ PROBE = textwrap.dedent("""
     segmented = plan.execution.kind == "segmented"
     print(json.dumps({"growth": (rss() - before) / 2**20, "segmented": segmented,
                       "figure": plan.mxnet_mb() if segmented else sum(allocated_mb(ex)),
-                      "copies": executor_own_bytes(plan) / 2**20,
+                      "copies": layout_copies(plan) / 2**20,
                       "mirrored": len(plan.mirrored), "templates": len(plan.executor_graphs())}))
 """)
 
@@ -132,18 +132,18 @@ class DepthwiseChain(gluon.HybridBlock):
 
 def decision(relu6: bool) -> tuple[bool, float]:
     """Whether PlannedBlock(sqrt) uses its plan for the chain, and the copies counted."""
-    from mxmirror.adapter.layout_copies import executor_own_bytes
+    from mxmirror.adapter.executor_memory import layout_copies
 
     net = DepthwiseChain(relu6)
     net.initialize(mx.init.Xavier())
     net.hybridize()
     planned = PlannedBlock(net, "sqrt")
     with autograd.record():
-        loss = planned(mx.nd.ones((4, 3, 16, 16))).sum()
+        loss = planned(mx.nd.ones((8, 3, 32, 32))).sum()  # its plan pays beside its nodes
     loss.backward()
     (plan, used), = planned.decisions
     assert plan.mirrored
-    return used, executor_own_bytes(plan)
+    return used, layout_copies(plan)
 
 
 @pytest.mark.skipif(not MKLDNN, reason="the copies exist with MKL-DNN on only")

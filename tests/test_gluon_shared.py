@@ -29,7 +29,7 @@ from mxnet import autograd, gluon
 from mxmirror.gluon import PlannedBlock
 from tests import mkldnn_off
 from tests import test_gluon_segmented as seg
-from tests.helpers import read_step, read_values
+from tests.helpers import bound_regardless, read_step, read_values
 from tests.test_gluon import CTXS, assert_same
 from tests.test_gluon_calls import ROOT, _child, dense_bn
 
@@ -55,14 +55,20 @@ def tied_pair():
     return first, second
 
 
-def train(case, policy=None, optimizer="sgd", steps=3, grad_req="write", make=dense_bn,
-          shape=(8, 10), by_name=False):
+def train(case, policy=None, *args, **kw):
     """Every array a user can read after `steps` Trainer steps of `case`:
     'square' (loss + 1e-4 * (w ** 2).sum()), 'mul' (loss + 1e-4 * (w * w).sum()) or
     'tied' (two planned blocks sharing their first layer's weight and bias); with
     grad_req 'add', every second step takes the Trainer step and zeroes the gradients.
     w is the first weight of `make`'s block; parameters by position, or by name for
-    blocks that list them in another order."""
+    blocks that list them in another order. Plans are bound whatever they save (the
+    networks are small): this compares what they compute."""
+    with bound_regardless():
+        return _train(case, policy, *args, **kw)
+
+
+def _train(case, policy=None, optimizer="sgd", steps=3, grad_req="write", make=dense_bn,
+           shape=(8, 10), by_name=False):
     CTXS[:] = [mx.cpu(0)]
     nets = tied_pair() if case == "tied" else (make(),)
     params = {}
@@ -193,7 +199,7 @@ def test_sums_autograd_started_within_measured_rounding():
 def input_used_twice(other: str, policy: str | None = "sqrt", steps: int = 3) -> dict:
     """An input that needs its gradient, read by a planned call and by another op
     (`other` 'op') or by a second planned call ('call'): autograd would sum its
-    gradient."""
+    gradient. Its plan is bound whatever it saves (the network is small)."""
     CTXS[:] = [mx.cpu(0)]
     net = dense_bn()
     net.hybridize()
@@ -201,14 +207,17 @@ def input_used_twice(other: str, policy: str | None = "sqrt", steps: int = 3) ->
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
     rs = np.random.RandomState(0)
     seen = {}
-    for step in range(steps):
-        x = mx.nd.array(rs.rand(8, 10))
-        x.attach_grad()
-        with autograd.record():
-            loss = model(x).mean() + ((x ** 2).sum() if other == "op" else model(x).mean())
-        loss.backward()
-        read_step(seen, step, net.collect_params().values(), dx=x.grad, loss=loss)
-        trainer.step(8)
+    with bound_regardless():
+        for step in range(steps):
+            x = mx.nd.array(rs.rand(8, 10))
+            x.attach_grad()
+            with autograd.record():
+                loss = model(x).mean() + ((x ** 2).sum() if other == "op" else model(x).mean())
+            loss.backward()
+            read_step(seen, step, net.collect_params().values(), dx=x.grad, loss=loss)
+            trainer.step(8)
+    if policy is not None:  # it ran on a planned executor
+        assert model.decisions and all(used for _, used in model.decisions)
     return read_values(seen, net.collect_params().values())
 
 

@@ -13,6 +13,7 @@ from mxmirror.ir import ops
 from mxmirror.ir.symbol_json import annotate_json
 from mxmirror.planning.algorithm3 import greedy_cuts, segment_mirror
 from mxmirror.planning.strategies import search
+from mxmirror.runtime.segmented.executor import SegmentedExecutor
 from mxmirror.sim import training_graph
 from symbols import lstm
 from symbols.chain import conv_chain
@@ -66,7 +67,8 @@ def test_unread_copies_of_cheap_ops_are_kept_when_they_save_memory() -> None:
 def test_budget_below_one_recomputation_falls_back_to_the_multilevel_executor() -> None:
     """A budget no one-recompute plan meets gets a segmented plan that fits, and trains."""
     sym = conv_chain(48, 8, batchnorm=False)  # deep and narrow: segments win
-    shapes = dict(data=(16, 3, 8, 8), softmax_label=(16,))
+    # values large enough that the plan saves more than its recomputed nodes' structures
+    shapes = dict(data=(16, 3, 16, 16), softmax_label=(16,))
     prep = prepare(sym, **shapes)
     one_recompute = prep.plan("optimal")
     deepest = prep.own_plan("recursive")
@@ -83,9 +85,10 @@ def test_budget_below_one_recomputation_falls_back_to_the_multilevel_executor() 
     values["softmax_label"] = rng.randint(0, 10, shapes["softmax_label"])
     req = {a: ("null" if a in shapes else "write") for a in sym.list_arguments()}
     grads = []
-    for ex in (sym.simple_bind(mx.cpu(), grad_req=req, **shapes),
-               mxmirror.simple_bind(sym, mx.cpu(), policy="budget", budget=budget,
-                                    grad_req=req, **shapes)):
+    planned = mxmirror.simple_bind(sym, mx.cpu(), policy="budget", budget=budget,
+                                   grad_req=req, **shapes)
+    assert isinstance(planned, SegmentedExecutor)
+    for ex in (sym.simple_bind(mx.cpu(), grad_req=req, **shapes), planned):
         for name, arr in ex.arg_dict.items():
             arr[:] = values[name]
         ex.forward(is_train=True)

@@ -356,9 +356,10 @@ def test_mxmirror_run_recursive(tmp_path) -> None:
         sys.path.insert(0, %r)
         from symbols.chain import conv_chain
         sym = conv_chain(64, 8)  # deep and narrow: the recursive plan is the smallest
-        x = np.random.uniform(-1, 1, (8, 3, 8, 8)).astype(np.float32)
-        y = np.random.randint(0, 10, 8).astype(np.float32)
-        it = mx.io.NDArrayIter(x, y, batch_size=4, label_name="softmax_label")
+        # (values large enough that it saves more than its recomputed nodes' structures)
+        x = np.random.uniform(-1, 1, (64, 3, 16, 16)).astype(np.float32)
+        y = np.random.randint(0, 10, 64).astype(np.float32)
+        it = mx.io.NDArrayIter(x, y, batch_size=32, label_name="softmax_label")
         mod = mx.mod.Module(sym, context=mx.cpu())
         mod.fit(it, num_epoch=1, optimizer_params={"learning_rate": 0.1})
         print("EXECUTOR", type(mod._exec_group.execs[0]).__name__)

@@ -37,6 +37,9 @@ from symbols.chain import conv_chain
 from tests import mkldnn_off
 from tests.helpers import assert_same, child_env
 
+# the graphs are small: plans are bound whatever they save, to compare what they compute
+pytestmark = pytest.mark.usefixtures("plans_bound_regardless")
+
 ROOT = Path(__file__).resolve().parents[1]
 MKLDNN = mkldnn_off.MKLDNN
 BATCH, CLASSES = 4, 10

@@ -4,10 +4,11 @@ training scripts (Module, BucketingModule, several contexts) train with the plan
 Planning never breaks the user's run: if it fails, one log line says why and the
 unplanned bind goes ahead. A budget no plan reaches binds the smallest plan (as policy
 ``auto`` does), said in the log line: a budget is never a reason to train unplanned. A plan
-whose MKL-DNN layout copies hold what its figure saves binds unplanned, said so: unplanned
-is then the smaller. So does a bind sharing another executor's memory (a BucketingModule's
-further bucket) that unplanned allocates no more beside it than planned (sim/shared_pool):
-the plan would only add its recomputation.
+whose executor holds outside MXNet's figure (its mirror copies' own structures, MKL-DNN
+layout copies: adapter/executor_memory.py) what its figure saves binds unplanned, said so:
+unplanned is then the smaller. So does a bind sharing another executor's memory (a
+BucketingModule's further bucket) that unplanned allocates no more beside it than planned
+(sim/shared_pool): the plan would only add its recomputation.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from mxmirror.adapter.layout_copies import executor_own_bytes, unplanned_own_bytes
+from mxmirror.adapter.executor_memory import beyond_unplanned
 from mxmirror.adapter.symbol import learner_ahead, load_mxnet
 from mxmirror.api import plan
 from mxmirror.errors import EXIT_BAD_INPUT, PlanError
@@ -120,7 +121,7 @@ def _plan_for(symbol, policy, budget, grad_req, type_dict, shapes, ctx=None,
         if key not in _plans:
             p = plan(symbol, policy=policy, budget=budget, type_dict=type_dict,
                      grad_req=grad_req, ctx=ctx, or_smallest=not strict, **shapes)
-            _plans[key] = p, _layout_copies_outweigh(p)
+            _plans[key] = p, _own_memory_outweighs(p)
             p.release()  # what is kept for later binds of the key holds no graph
     except Exception as exc:  # never break the user's script
         if strict:
@@ -146,17 +147,17 @@ def _plan_for(symbol, policy, budget, grad_req, type_dict, shapes, ctx=None,
     return Bound(p if use else None, (p.planned_blocks if use else p.baseline_blocks) or None)
 
 
-def _layout_copies_outweigh(p: Plan) -> str:
-    """Why `p` is not used where MKL-DNN's layout copies (outside MXNet's figure,
-    adapter/layout_copies.py) hold what its figure saves; "" where they do not."""
+def _own_memory_outweighs(p: Plan) -> str:
+    """Why `p` is not used where what its executor holds outside MXNet's figure beyond an
+    unplanned executor's (its mirror copies' structures and layout copies,
+    adapter/executor_memory.py) holds what its figure saves; "" where it does not."""
     if not p.recomputed_ids:
         return ""
-    more = executor_own_bytes(p) - unplanned_own_bytes(p)
+    more = beyond_unplanned(p)
     saving = p.baseline_bytes - p.planned_bytes
-    if more > 0 and more >= saving:
-        return (f"the plan saves {size(saving)} of MXNet's figure, not more than the MKL-DNN "
-                f"layout copies its mirror copies of ops run without MKL-DNN keep "
-                f"({size(more)} more)")
+    if more.total >= saving:
+        return (f"the plan saves {size(saving)} of MXNet's figure, not more than its executor "
+                f"holds outside it beyond an unplanned executor: {more.text()}")
     return ""
 
 

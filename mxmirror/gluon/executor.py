@@ -9,9 +9,10 @@ beside it does; beside one (a second call, a tied weight) the second and third g
 buffer each, the fourth and later share one (a term is copied before another executor of
 the same backward writes it again).
 What a call holds besides MXNet's own figure are its input and output copies and their
-gradients, a second to fourth executor of a Parameter its gradient buffers and, with
-MKL-DNN on, the default-layout copies the executor's storage fallback keeps (plain Gluon's
-CachedOp frees its own after each op); a plan whose saving does not cover them is not bound.
+gradients, a second to fourth executor of a Parameter its gradient buffers, the executor's
+own node structures beyond the CachedOp's and, with MKL-DNN on, the default-layout copies
+the executor's storage fallback keeps (plain Gluon's CachedOp frees its own after each op;
+adapter/executor_memory.py); a plan whose saving does not cover them is not bound.
 """
 
 from __future__ import annotations
@@ -271,9 +272,11 @@ def choose_plan(owner: Any, sig: Any, buffers: int, second: int | None, terms: i
     is used only when it saves more than what a call holds besides MXNet's figure: its
     copies (`sig.copies`: inputs, outputs and their gradients), the Parameters' gradient
     buffers its bind would add (`buffers`: a second to fourth executor of the Parameters)
-    and the layout copies its executor keeps outside MXNet's figure (`sig.layout`); beside
-    another call waiting for its backward, only when the planned executor, the copies and
-    the buffers hold less than plain Gluon keeps for one call (`sig.kept`) and the gradient
+    and what its executor holds outside MXNet's figure that the CachedOp does not (`sig.own`:
+    its nodes' structures, MKL-DNN layout copies, less the CachedOp's own beyond it); beside
+    another call waiting for its backward, only when the planned executor, the copies, the
+    buffers and a further executor's own (`sig.own.further`) hold less than plain Gluon
+    keeps for one call (`sig.kept`) and the gradient
     terms its backward makes for it (`terms`: one of every Parameter the call trains,
     summed with the other calls' afterwards; measured: a Dense layer's 64 MB weight adds
     64-70 MB of peak RSS per further call, scripts/gluon_memory_notes.py). For a first
@@ -285,7 +288,7 @@ def choose_plan(owner: Any, sig: Any, buffers: int, second: int | None, terms: i
     otherwise); `said` keeps the verdicts logged, by shapes."""
     shapes = shapes_text(sig.shapes)
     where = f"mxmirror: gluon {owner.block.name} {shapes}"
-    p, copies, layout, kept = sig.plan, sig.copies, sig.layout, sig.kept
+    p, copies, kept, own = sig.plan, sig.copies, sig.kept, sig.own
     if p is None:
         if shapes not in said:
             said[shapes] = True
@@ -296,9 +299,8 @@ def choose_plan(owner: Any, sig: Any, buffers: int, second: int | None, terms: i
              f"({mb_text(copies / 2**20)})")
     if buffers:
         extra += f" and the Parameters' gradient buffers ({mb_text(buffers / 2**20)})"
-    if layout:
-        extra += (f" and the MKL-DNN layout copies its executor keeps for ops run without "
-                  f"MKL-DNN ({mb_text(layout / 2**20)})")
+    # a first executor stands in for the CachedOp; one beside it adds to it (own.further)
+    extra += f" and, of its executor outside MXNet's figure, {own.text(not others_pending)}"
     plain = f"plain Gluon keeps for a call ({mb_text(kept / 2**20)})"
     if terms:
         plain += f" with the gradient terms of its Parameters ({mb_text(terms / 2**20)})"
@@ -311,7 +313,7 @@ def choose_plan(owner: Any, sig: Any, buffers: int, second: int | None, terms: i
                    f"({mb_text(copies / 2**20)}) hold less than {plain}, each call's "
                    f"backward running its forward again")
         else:
-            use = loop = p.planned_bytes + copies + buffers + layout < kept + terms
+            use = loop = p.planned_bytes + copies + buffers + own.further < kept + terms
             why = (f"another call of the block waits for backward(): the planned executor "
                    f"({mb_text(p.planned_bytes / 2**20)}) with {extra} "
                    f"{'hold less' if use else 'would hold more'} than {plain}")
@@ -322,9 +324,9 @@ def choose_plan(owner: Any, sig: Any, buffers: int, second: int | None, terms: i
                         "Parameters' gradients as plain Gluon does)")
     else:
         saving = p.baseline_bytes - p.planned_bytes
-        use = saving > copies + buffers + layout
+        use = saving > copies + buffers + own.total
         shares = sig.rerunnable and copies < kept + terms
-        loop = shares or p.planned_bytes + second + layout < kept + terms
+        loop = shares or p.planned_bytes + second + own.further < kept + terms
         why = (f"the plan saves {mb_text(saving / 2**20)}, "
                f"{'more' if use else 'not more'} than {extra}")
         if use and shares:
@@ -334,12 +336,11 @@ def choose_plan(owner: Any, sig: Any, buffers: int, second: int | None, terms: i
         if use and not loop:
             why += (f"; a second call in the same record() would not pay beside it (its "
                     f"planned executor with its copies and a gradient buffer per Parameter: "
-                    f"{mb_text((p.planned_bytes + second + layout) / 2**20)}; {plain}), and a "
-                    f"planned call followed by "
-                    f"unplanned ones would not sum the Parameters' gradients as plain Gluon "
-                    f"does: a record() that calls the block more than once trains it "
-                    f"unplanned, and it is planned from the second record() on where each "
-                    f"earlier one called it once")
+                    f"{mb_text((p.planned_bytes + second + own.further) / 2**20)}; {plain}), "
+                    f"and a planned call followed by unplanned ones would not sum the "
+                    f"Parameters' gradients as plain Gluon does: a record() that calls the "
+                    f"block more than once trains it unplanned, and it is planned from the "
+                    f"second record() on where each earlier one called it once")
     if said.get(shapes) != use:
         said[shapes] = use
         verdict = ("trained unplanned" if not use else "planned, sharing an executor"

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from mxmirror.adapter.layout_copies import executor_own_bytes
+from mxmirror.adapter.executor_memory import OwnMemory, beyond_cached_op
 from mxmirror.adapter.symbol import SymbolText, load_mxnet
 from mxmirror.api import plan as make_plan
 from mxmirror.gluon.calls import is_float
@@ -27,7 +27,8 @@ class Signature:
     fmt: Any  # how the outputs nest (Gluon's _regroup)
     copies: int  # a call's input and output copies and their gradients
     plan: Any  # a Plan (its analysed graph let go), or None for policy none
-    layout: int  # the MKL-DNN layout copies the planned executor keeps
+    own: OwnMemory  # what the planned executor holds outside MXNet's figure that the
+    # CachedOp does not (its nodes' structures, MKL-DNN layout copies)
     kept: int  # what plain Gluon keeps for a call between its forward and its backward
     random: bool  # the graph draws random numbers (Dropout): a forward run again draws others
 
@@ -72,15 +73,15 @@ def signature(block: Any, given: CallArgs, reqs: tuple, params: dict, policy: st
     copies = nbytes(given.arrays) + nbytes(outs) + nbytes(
         [x for x, r in zip(given.arrays, reqs) if r != "null"]) + nbytes(
         [o for o in outs if is_float(o)])
-    plan, layout, kept = None, 0, 0
+    plan, own, kept = None, OwnMemory(0, 0, 0), 0
     if policy != "none":
         plan = make_plan(symbol, policy=policy, budget=budget, type_dict=types,
                          grad_req=grad_req, or_smallest=True, **shapes)
-        layout, kept = executor_own_bytes(plan), retained_bytes(plan.graph)
+        own, kept = beyond_cached_op(plan), retained_bytes(plan.graph)
         plan.release()  # kept for its binds, which read no analysed graph
     graph = SymbolText.of(symbol)
     random = any(ops.is_random(n["op"]) for n in json.loads(graph.text)["nodes"])
-    return Signature(shapes, graph, fmt, copies, plan, layout, kept, random)
+    return Signature(shapes, graph, fmt, copies, plan, own, kept, random)
 
 
 def _distinct_outputs(mx: Any, heads: list) -> Any:
