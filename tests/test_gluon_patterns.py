@@ -170,7 +170,7 @@ def test_without_mkldnn():
     """The same with MKL-DNN off (read at process start: a child)."""
     if not mkldnn_off.MKLDNN:
         pytest.skip("this process already runs without MKL-DNN")
-    mkldnn_off.run_pytest(__file__, "not without_mkldnn", passed=9)
+    mkldnn_off.run_pytest(__file__, "not without_mkldnn", passed=11)
 
 
 class Repeats(gluon.HybridBlock):
@@ -374,3 +374,51 @@ def test_static_alloc_with_statistics_trains_unplanned():
     running mean after one update in some runs, two in others), so only the Parameters are
     compared there (before, the statistics were too, and the test failed in most runs)."""
     _child(CHILD.format(name="check_static_alloc_like_plain"), timeout=300)
+
+
+def test_hybridize_again_after_a_planned_call_says_nothing():
+    """A script that calls hybridize() again (each epoch, or to change its flags) after a
+    planned call: no warning (mxmirror watched the block through a forward pre-hook, and
+    MXNet warned at every hybridize() of a block with hooks), and a call of the block
+    itself beside a planned one is still seen (test_gluon_calls: beside)."""
+    import warnings
+
+    net = dense_bn()
+    net.hybridize()
+    planned = PlannedBlock(net, "none")
+    for _ in range(2):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            net.hybridize()
+        assert not seen, [str(w.message) for w in seen]
+        _step(planned, mx.nd.ones((8, 10)), mx.nd.ones((8, 1)))
+    assert_planned(planned)
+
+
+def test_a_call_that_fails_its_shape_inference_prints_it_once():
+    """Under the hook, a block whose own first call fails (an input of the wrong width):
+    MXNet's printed shape-inference arguments appear once (mxmirror's own inference printed
+    them too), its error ends the script as plainly, and mxmirror says nothing."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from tests.helpers import child_env
+    from tests.mkldnn_off import ROOT
+
+    code = textwrap.dedent("""
+        import mxnet as mx
+        from mxnet import autograd, gluon
+        import mxmirror
+        net = gluon.nn.HybridSequential()
+        net.add(gluon.nn.Dense(10, in_units=5), gluon.nn.Dense(3))
+        net.initialize()
+        net.hybridize()
+        with mxmirror.enabled("sqrt"), autograd.record():
+            net(mx.nd.ones((4, 7)))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, env=child_env(), timeout=300)
+    assert proc.returncode != 0 and "Shape inconsistent" in proc.stderr
+    assert proc.stdout.count("infer_shape error") == 1, proc.stdout
+    assert "mxmirror:" not in proc.stderr, proc.stderr

@@ -39,7 +39,7 @@ from mxmirror.gluon.inputs import (
     shapes_text,
     unsupported,
 )
-from mxmirror.gluon.signature import Signature, signature
+from mxmirror.gluon.signature import Signature, signature, stdout_aside
 from mxmirror.gluon.sums import CHAIN_FROM
 from mxmirror.log import log
 from mxmirror.log import show as show_log
@@ -53,6 +53,10 @@ class PlannedBlock(load_mxnet().gluon.Block):
     signature and call waiting for its backward); outside it, the wrapped block runs as
     it would alone. ``collect_params()`` returns the wrapped block's Parameters.
     """
+
+    # what MXNet prints of a failed shape inference is kept from stdout (the hook's: where
+    # mxmirror's inference fails, the block's own call fails the same way and prints it)
+    quiet = False
 
     def __init__(self, block: Any, policy: str = "sqrt", budget: Any = None) -> None:
         mx = load_mxnet()
@@ -144,7 +148,8 @@ class PlannedBlock(load_mxnet().gluon.Block):
             raise PlanError(why)
         ctx = given.arrays[0].context
         sources = [calls.source_of(x, i) for i, x in enumerate(given.arrays)]
-        self._finish_deferred_init(args, kwargs)
+        with stdout_aside(self.quiet):
+            self._finish_deferred_init(args, kwargs)
         params = self._by_name()
         reqs = tuple(s.req for s in sources)
         key = (str(ctx), given.structure(),
@@ -183,7 +188,7 @@ class PlannedBlock(load_mxnet().gluon.Block):
         there is one)."""
         if key not in self._plans:
             self._plans[key] = signature(self.block, given, reqs, params, self.policy,
-                                         self.budget)
+                                         self.budget, self.quiet)
         sig = self._plans[key]
         shapes = sig.shapes
         if dict(self.block._flags).get("static_alloc") and sig.graph.auxiliary:

@@ -46,10 +46,18 @@ def backward_ran() -> None:
 
 
 def watch(block: Any) -> None:
-    """Note every recorded call of the block itself (a forward pre-hook, once)."""
+    """Note every recorded call of the block itself: its forward wrapped once, on the
+    instance (a forward pre-hook made every later hybridize() of it warn that its hooks
+    would not take effect in a parent)."""
     if block not in _plain_calls:
         _plain_calls[block] = {}
-        block.register_forward_pre_hook(_note_plain_call)
+        forward = block.forward
+
+        def noted_forward(*args: Any, **kwargs: Any) -> Any:
+            _note_plain_call(block, args)
+            return forward(*args, **kwargs)
+
+        block.forward = noted_forward
 
 
 def _note_plain_call(block: Any, inputs: tuple) -> None:

@@ -69,6 +69,7 @@ def install(state: Callable[[], tuple[str | None, Any]]) -> None:
         planned = _planned.get(self)
         if planned is None or (planned.policy, planned.budget) != (policy, budget):
             planned = _planned[self] = PlannedBlock(self, policy, budget)
+            planned.quiet = True  # the block's own call says what fails (below)
         out, why = None, None
         _depth.inside = True
         try:

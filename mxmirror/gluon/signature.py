@@ -3,6 +3,8 @@ of that signature shares (executor.choose_plan decides from it for each situatio
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -45,18 +47,26 @@ class Signature:
         return self.graph.symbol
 
 
+def stdout_aside(on: bool) -> contextlib.AbstractContextManager:
+    """stdout kept aside while `on`: MXNet prints a failed shape inference's arguments."""
+    return contextlib.redirect_stdout(io.StringIO()) if on else contextlib.nullcontext()
+
+
 def signature(block: Any, given: CallArgs, reqs: tuple, params: dict, policy: str,
-              budget: Any) -> Signature:
+              budget: Any, silent: bool = False) -> Signature:
     """The block's graph for the inputs `given` and its plan by `policy` (the smallest plan
-    where no plan reaches `budget`: the bind hook's rule)."""
+    where no plan reaches `budget`: the bind hook's rule); `silent`: what MXNet prints of
+    a failed shape inference kept from stdout."""
     mx = load_mxnet()
     from mxnet.gluon.block import _flatten
 
     syms = [mx.sym.var(n) for n in given.names]
     sargs, skwargs = given.rebuilt(syms)
-    heads, fmt = _flatten(block(*sargs, **skwargs), "output")
-    symbol = _distinct_outputs(mx, heads)
     shapes = {n: x.shape for n, x in zip(given.names, given.arrays)}
+    with stdout_aside(silent):
+        heads, fmt = _flatten(block(*sargs, **skwargs), "output")
+        symbol = _distinct_outputs(mx, heads)
+        _, out_shapes, _ = symbol.infer_shape(**shapes)
     types = {n: dtype_name(x.dtype) for n, x in zip(given.names, given.arrays)}
     grad_req = dict(zip(given.names, reqs))
     arguments = symbol.list_arguments()
@@ -65,7 +75,6 @@ def signature(block: Any, given: CallArgs, reqs: tuple, params: dict, policy: st
             types[n] = dtype_name(params[n].dtype)
             if n in arguments:
                 grad_req[n] = params[n].grad_req
-    _, out_shapes, _ = symbol.infer_shape(**shapes)
     _, out_types, _ = symbol.infer_type(**types)
     outs = [mx.nd.empty(s, dtype=t) for s, t in zip(out_shapes, out_types)]
     # a call's own arrays: the input copies and gradients, the output copies and the
