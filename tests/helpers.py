@@ -28,7 +28,8 @@ def assert_planned(*models) -> None:
     for model in models:
         decisions = getattr(model, "decisions", None)
         if decisions is not None:
-            assert decisions and all(used for _, used in decisions), decisions
+            assert decisions and all(used for _, used in decisions), \
+                [(plan and plan.summary(), used) for plan, used in decisions]
 
 
 @contextlib.contextmanager

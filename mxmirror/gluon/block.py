@@ -39,7 +39,7 @@ from mxmirror.gluon.inputs import (
     shapes_text,
     unsupported,
 )
-from mxmirror.gluon.signature import Signature, signature, stdout_aside
+from mxmirror.gluon.signature import Signature, signature
 from mxmirror.gluon.sums import CHAIN_FROM
 from mxmirror.log import log
 from mxmirror.log import show as show_log
@@ -102,7 +102,10 @@ class PlannedBlock(load_mxnet().gluon.Block):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         mx = load_mxnet()
         if mx.autograd.is_recording() and mx.autograd.is_training():
-            out = self.planned_call(args, kwargs)
+            try:
+                out = self.planned_call(args, kwargs)
+            except BlockError as e:
+                raise e.error from None
             if out is not None:
                 return out
         # inference, a recording for prediction, or a call the plan does not pay for
@@ -148,8 +151,7 @@ class PlannedBlock(load_mxnet().gluon.Block):
             raise PlanError(why)
         ctx = given.arrays[0].context
         sources = [calls.source_of(x, i) for i, x in enumerate(given.arrays)]
-        with stdout_aside(self.quiet):
-            self._finish_deferred_init(args, kwargs)
+        self._finish_deferred_init(args, kwargs)
         params = self._by_name()
         reqs = tuple(s.req for s in sources)
         key = (str(ctx), given.structure(),
@@ -298,18 +300,36 @@ class PlannedBlock(load_mxnet().gluon.Block):
         return self._collected
 
     def _finish_deferred_init(self, args: tuple, kwargs: dict) -> None:
-        """Parameters waiting for shapes get them from the inputs, as a first call would."""
+        """Parameters waiting for shapes get them from the inputs as the block's first call
+        would (HybridBlock._build_cache): in the order of its graph's inputs, only those it
+        reads (in another order each draws other initial values: plain Gluon's differed).
+        What fails here is the block's own error (BlockError): its own call fails the same
+        way, and a Parameter half initialized cannot be tried again."""
         mx = load_mxnet()
-        params = list(self._by_name().values())
-        if all(p._deferred_init == () for p in params):
+        params = self._by_name()
+        if all(p._deferred_init == () for p in params.values()):
             return
-        with mx.autograd.pause():
-            if kwargs:  # a block whose own __call__ takes keywords (rnn layers): run it
-                self.block(*args, **kwargs)
-                return
-            self.block._deferred_infer_shape(*args)
-            for p in params:
-                p._finish_deferred_init()
+        try:
+            with mx.autograd.pause():
+                if kwargs:  # a block whose own __call__ takes keywords (rnn layers): run it
+                    self.block(*args, **kwargs)
+                    return
+                _, graph = self.block._get_graph(*args)  # kept for its own cache, as a call's
+                self.block._deferred_infer_shape(*args)
+                for name in graph.list_inputs():
+                    if name in params:
+                        params[name]._finish_deferred_init()
+        except Exception as e:
+            raise BlockError(e) from e
+
+
+class BlockError(Exception):
+    """An error of the block's own first call (its deferred initialization), raised as the
+    block raises it: plain Gluon's call fails the same way at the same point."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _own_call(block: Any) -> bool:

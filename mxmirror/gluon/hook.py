@@ -13,7 +13,7 @@ from typing import Any
 
 from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
-from mxmirror.gluon.block import PlannedBlock
+from mxmirror.gluon.block import BlockError, PlannedBlock
 from mxmirror.log import log
 
 _hook: dict[str, Any] = {}  # "call": HybridBlock.__call__ as MXNet has it
@@ -74,6 +74,8 @@ def install(state: Callable[[], tuple[str | None, Any]]) -> None:
         _depth.inside = True
         try:
             out = planned.planned_call(args, kwargs)
+        except BlockError as e:  # the block's own first call fails so too: as plainly
+            raise e.error from None
         except Exception as e:  # noqa: BLE001 - never stop the script: train it unplanned
             planned.fell_back()
             why = str(e) if isinstance(e, PlanError) else f"{type(e).__name__}: {e}"
