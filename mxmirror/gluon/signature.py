@@ -7,7 +7,9 @@ import contextlib
 import io
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from mxmirror.adapter.executor_memory import OwnMemory, beyond_cached_op
 from mxmirror.adapter.symbol import SymbolText, load_mxnet
@@ -17,6 +19,13 @@ from mxmirror.gluon.executor import retained_bytes
 from mxmirror.gluon.inputs import CallArgs, dtype_name, nbytes
 from mxmirror.ir import ops
 from mxmirror.runtime.plan import MirrorExecution
+
+
+class Spec(NamedTuple):
+    """An array's shape and dtype, what nbytes and is_float read."""
+
+    shape: tuple
+    dtype: Any
 
 
 @dataclass
@@ -76,7 +85,10 @@ def signature(block: Any, given: CallArgs, reqs: tuple, params: dict, policy: st
             if n in arguments:
                 grad_req[n] = params[n].grad_req
     _, out_types, _ = symbol.infer_type(**types)
-    outs = [mx.nd.empty(s, dtype=t) for s, t in zip(out_shapes, out_types)]
+    # the outputs by shape and dtype, not arrays: an array of a call's output allocated and
+    # freed here, before the first step, raised glibc's mmap threshold, and the block's own
+    # step then kept tens of MB more (measured: 8 MB output, peak RSS +40-60 MB)
+    outs = [Spec(tuple(s), np.dtype(t)) for s, t in zip(out_shapes, out_types)]
     # a call's own arrays: the input copies and gradients, the output copies and the
     # gradient buffers of the float ones (calls.Call marks those)
     copies = nbytes(given.arrays) + nbytes(outs) + nbytes(
