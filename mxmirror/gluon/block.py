@@ -247,6 +247,12 @@ class PlannedBlock(load_mxnet().gluon.Block):
             return False, sig, False
         return plan, sig, self._shares[situation]
 
+    def let_go(self) -> None:
+        """Its free executors let go, their memory given back to the system: the block is
+        trained otherwise now (the hook's policy changed, or the hook is off)."""
+        for ctx in {key[0] for key in self._executors}:
+            self._forget(ctx)
+
     def _forget(self, ctx: str, only: tuple | None = None) -> None:
         """Let go of the free executors on `ctx` (of signature `only`, if given; and the
         gradient buffers only they used), their memory given back to the system."""

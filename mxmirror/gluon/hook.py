@@ -57,6 +57,9 @@ def install(state: Callable[[], tuple[str | None, Any]]) -> None:
                 or not mx.autograd.is_recording() or not mx.autograd.is_training() \
                 or any(isinstance(a, mx.sym.Symbol) for a in args) \
                 or not _has_params(self):  # a graph being traced; a loss
+            if policy in (None, "none") and self in _planned and mx.autograd.is_recording() \
+                    and mx.autograd.is_training():  # it trains unplanned now (hook off)
+                _planned.pop(self).let_go()
             return original(self, *args, **kwargs)
         if not self._active:  # its hybridized children may still be planned
             say(self, f"mxmirror: gluon {self.name} is not hybridized: trained unplanned "
@@ -68,6 +71,8 @@ def install(state: Callable[[], tuple[str | None, Any]]) -> None:
                 _depth.quiet = quiet
         planned = _planned.get(self)
         if planned is None or (planned.policy, planned.budget) != (policy, budget):
+            if planned is not None:  # another policy: the other plan's executors go
+                planned.let_go()
             planned = _planned[self] = PlannedBlock(self, policy, budget)
             planned.quiet = True  # the block's own call says what fails (below)
         out, why = None, None
