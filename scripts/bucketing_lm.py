@@ -10,7 +10,8 @@ under ``mxmirror run --policy P`` for each policy, each in a child of its own wi
 ``MXMIRROR_CACHE`` (a new user's first run: templates learned, every bucket planned). The
 planned runs also time each bind's planning (the bind hook's plan call; the first bucket
 learns the templates, the further ones reuse them), and sqrt runs once more with every
-bucket planned (the bind hook's shared-pool rule off), its effect side by side. Wall and CPU
+bucket whose plan pays planned (the bind hook's shared-pool rule off), its effect side by
+side. Wall and CPU
 seconds (the child's user
 + system, every process it waited for included), the epoch's own time as the example logs
 it, and the load average; the target (issue 25) is for a quiet machine.
@@ -155,7 +156,7 @@ def main() -> None:
                        f"{'met' if max(rest) <= BUCKET_TARGET else '**not met**'})"
                        if rest else "-")
             name = f"`mxmirror run --policy {policy}`" + (
-                ", every bucket planned (the shared-pool rule off)" if every else "")
+                ", the shared-pool rule off" if every else "")
             lines.append(f"| {name} | {r['wall']:.1f} | "
                          f"{r['cpu']:.1f} | {r['epoch']:.1f} | {ratio:.2f}{mark} | "
                          f"{r['peak']:.0f} | {r['bound']} of {len(r['plans'])} | "
@@ -171,8 +172,9 @@ def main() -> None:
         f"hook's plan calls (one per bucket bound; the first learns the templates), those "
         f"whose log line does not say `not used, binding unplanned` (a further bucket whose "
         f"unplanned storage fits the default bucket's pool as well as its plan's binds "
-        f"unplanned: the plan would only add its recomputation). Peak RSS: the process's "
-        f"own (`ru_maxrss`, the learner child not counted)."],
+        f"unplanned: the plan would only add its recomputation; so does a plan that saves "
+        f"less than its mirror copies' own structures hold). Peak RSS: the process's own "
+        f"(`ru_maxrss`, the learner child not counted)."],
         lines, args.out, loads)
 
 
