@@ -4,9 +4,10 @@ figures docs/gluon.md reads that table with.
 1. The word-level LM (scripts/gluon_table.py's, fused, stacked, and with the loss inside
    the block): MXNet's planner simulated for no plan and for the sqrt and search plans,
    what plain Gluon keeps for the backward, and the block's output (T x batch x vocab).
-2. mxmirror's own cost in a process whose plan is not used: ResNet-18 at batch 8, 32x32,
-   3 steps, plain hybridized vs PlannedBlock with its (paying) plan forced unused, 3
-   alternating runs each (the peak varies by several MB from run to run).
+2. mxmirror's own cost in a process whose plan is not used: MobileNetV2 at batch 8, 32x32,
+   3 steps, plain hybridized, with mxmirror imported, through a PlannedBlock whose calls
+   return at once, and through one whose plan is made and not used, 3 alternating runs
+   each (the peak varies by several MB from run to run).
 3. An executor's memory beyond MXNet's figure: the process's growth over 3 training steps
    of MXNet's executor bound on the Parameters' arrays, unplanned, vs the CachedOp's, and
    the MKL-DNN layout copies mxmirror counts for that executor (sim/storage_fallback.py).
@@ -78,13 +79,16 @@ def lm_figures() -> list[str]:
 
 
 def overhead_child(mode: str) -> None:
-
+    """MobileNetV2 at batch 8, 32x32, 3 steps: plain ('plain'), with mxmirror.gluon imported
+    ('imported'), through a PlannedBlock whose calls return to the block at once
+    ('returning': its hooks in place, nothing traced or planned), or trained unplanned
+    ('unused': traced and planned, the plan not used)."""
     import mxnet as mx
     from mxnet import gluon
     from mxnet.gluon.model_zoo import vision
 
     mx.random.seed(0)
-    net = vision.resnet18_v1(classes=10)
+    net = vision.get_model("mobilenetv2_1.0", classes=10)
     net.initialize(mx.init.Xavier())
     net.hybridize()
     run = net
@@ -92,9 +96,12 @@ def overhead_child(mode: str) -> None:
         import mxmirror.gluon.block as block
         from mxmirror.gluon import PlannedBlock
 
+        if mode == "returning":
+            block.PlannedBlock.planned_call = lambda self, args, kwargs: None
         chosen = block.choose_plan
         block.choose_plan = lambda *a, **k: (chosen(*a, **k)[0], False, False, False)  # unused
-        run = PlannedBlock(net, "sqrt")
+        if mode != "imported":
+            run = PlannedBlock(net, "sqrt")
     x = mx.nd.random.uniform(shape=(8, 3, 32, 32))
     y = mx.nd.array([i % 10 for i in range(8)])
     _three_steps(net, run, lambda: gluon.loss.SoftmaxCrossEntropyLoss()(run(x), y))
@@ -220,16 +227,20 @@ def main(argv: list[str] | None = None) -> None:
              "The language model's memory, simulated (MXNet's planner; vocabulary 10000, "
              "batch 32, hidden 256, 2 layers):", ""]
     lines += child(["lm"])
-    runs = {"plain": [], "unused": []}
+    modes = {"plain": "plain", "imported": "mxmirror.gluon imported, the block called itself",
+             "returning": "PlannedBlock whose calls return to the block at once",
+             "unused": "PlannedBlock, traced and planned, the plan not used"}
+    runs = {mode: [] for mode in modes}
     for _ in range(3):  # alternating: the peak varies by several MB from run to run
         for mode, found in runs.items():
             found.append(child(["overhead", mode]))
     assert all(r["used"] == [False] for r in runs["unused"]), runs["unused"]
-    plain, unused = ([r["peak_rss_mb"] for r in runs[m]] for m in ("plain", "unused"))
-    lines += ["", f"mxmirror's own cost where the plan is not used (ResNet-18, batch 8, 32x32, "
-              f"3 steps, 3 runs each, alternating): peak RSS {min(unused):.0f} to "
-              f"{max(unused):.0f} MB with PlannedBlock, {min(plain):.0f} to {max(plain):.0f} MB "
-              f"plain (the least: +{min(unused) - min(plain):.0f} MB).", "",
+    lines += ["", "mxmirror's own cost where no plan is used (MobileNetV2, batch 8, 32x32, 3 "
+              "steps, 3 runs each, alternating):", "", "| process | peak RSS MB |", "|---|---|"]
+    for mode, label in modes.items():
+        peaks = [r["peak_rss_mb"] for r in runs[mode]]
+        lines.append(f"| {label} | {min(peaks):.1f} to {max(peaks):.1f} |")
+    lines += ["",
               "Growth of the process over 3 training steps, besides the Parameters and their "
               "gradients, for MXNet's executor (unplanned; its figure, and the MKL-DNN layout "
               "copies of its storage fallback that mxmirror counts, beside) and for the "
