@@ -31,6 +31,11 @@ DTYPE_BYTES = {
 }
 
 
+# the dtypes a gradient flows through: an integer value (ids, positions, a mask) never needs
+# one, and MXNet binds no loss or gradient of one
+FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+
+
 def itemsize(dtype: str) -> int:
     """Bytes of one element of `dtype` (4 for a dtype this table does not know)."""
     return DTYPE_BYTES.get(dtype, 4)

@@ -15,7 +15,7 @@ from typing import Any
 
 from mxmirror.ir import ops
 from mxmirror.ir.backward import Spec
-from mxmirror.ir.graph import AUX, INPUT, OP, PARAM, Entry, Graph, Node
+from mxmirror.ir.graph import AUX, FLOAT_DTYPES, INPUT, OP, PARAM, Entry, Graph, Node
 from mxmirror.ir.symbol_json import to_json
 from mxmirror.segments.model import Segment, Segments
 
@@ -164,11 +164,12 @@ def _flat(add: Any, value: Entry, sub: list[Node]) -> Entry:
 def added_specs(graph: Graph) -> list[Spec]:
     """The specs of every node ``make_segment`` may add to a sub-graph of `graph` (its own
     nodes keep their templates): for any value that may cross a cut, its flat Reshape,
-    BlockGrad, ``dot`` with its gradient input and MakeLoss; for a head, its BlockGrad;
+    BlockGrad, ``dot`` with its gradient input and MakeLoss (a float value: an integer one
+    needs no gradient, and MXNet has no loss of one); for a head, its BlockGrad;
     for a Dropout, the multiplication with its mask. The MXNet side learns their templates
     with the graph's own, so that planning segments needs no MXNet."""
     values = {(tuple(n.shapes[k]), n.dtypes[k]) for n in graph.op_nodes
-              for k in range(n.visible)}
+              for k in range(n.visible) if n.dtypes[k] in FLOAT_DTYPES}
     heads = {(tuple(graph.nodes[s].shapes[k]), graph.nodes[s].dtypes[k])
              for s, k in graph.heads if not graph.nodes[s].is_variable}
     masked = {(tuple(graph.nodes[n.inputs[0][0]].shapes[n.inputs[0][1]]),
