@@ -91,6 +91,14 @@ class Segments:
 
         return value_sums(self)
 
+    @property
+    def exact(self) -> bool:
+        """Whether the segmented executor computes every gradient sum these segments split
+        with MXNet's own expression (every weight's, every value's): else the planner does
+        not use them."""
+        return all(exact for _, exact in self.weight_sums.values()) and \
+            not self.value_sums.inexact
+
     @cached_property
     def grad_slots(self) -> frozenset:
         """The user slots whose gradient the template adds straight into the user's

@@ -29,7 +29,7 @@ LSTM layer's output is by the next step, the next layer and a ResidualCell's sum
 ``x + (y + z)`` (one ElementWiseSum of three), not ``(x + y) + z``. Where no combination of
 whole blocks is MXNet's sum (a block's terms are no sub-sum of it, or p's own terms are
 not where MXNet adds them), the plan cannot compute MXNet's gradient: the value is
-``inexact``.
+``inexact``, and the planner does not use the plan (``Segments.exact``).
 """
 
 from __future__ import annotations
