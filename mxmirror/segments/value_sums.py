@@ -34,6 +34,7 @@ not where MXNet adds them), the plan cannot compute MXNet's gradient: the value 
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,17 +221,16 @@ def _cover(x: Expr, blocks: dict[Expr, int]) -> Expr | None:
 
 
 # ----------------------------------------------------------------- the graphs' own sums
-_PARENT: dict[int, tuple[Graph, dict]] = {}  # id of a graph -> (it, its terms)
+_PARENT: dict[int, tuple[Any, dict]] = {}  # id of a graph -> (a weak reference, its terms)
 _TEMPLATE: dict[str, dict] = {}  # segment structure -> its sub-graph's terms
 
 
 def _parent_terms(graph: Graph) -> dict:
-    """training_graph.gradient_terms of the whole graph (kept for the last few graphs)."""
+    """training_graph.gradient_terms of the whole graph, kept while the graph lives."""
     found = _PARENT.get(id(graph))
-    if found is None or found[0] is not graph:
-        if len(_PARENT) > 8:
-            _PARENT.clear()
-        found = _PARENT[id(graph)] = (graph, training_graph.gradient_terms(graph))
+    if found is None or found[0]() is not graph:
+        found = _PARENT[id(graph)] = (weakref.ref(graph), training_graph.gradient_terms(graph))
+        weakref.finalize(graph, _PARENT.pop, id(graph), None)
     return found[1]
 
 
