@@ -8,7 +8,8 @@ the write order it reads off the training graph; the segmented executor, on ever
 the multi-level DP runs on, gives every weight the model calls exact the unplanned run's
 gradient bit for bit (MKL-DNN off and on), adds in place wherever that stays exact (with
 a slot per use where a segment holds several), and the weights the model calls inexact
-do differ: the slot path stays there. In-place weights hold no gradient slot (measured).
+do differ: the slot path stays there, and the planner runs no such chain (dp.chains).
+In-place weights hold no gradient slot (measured).
 """
 
 from __future__ import annotations
@@ -149,11 +150,12 @@ def test_uses_added_in_place() -> None:
 
 
 def _every_chain(prep):
+    """Store-all plans of every chain the DP considers, those the planner then drops for
+    their sums (dp.chains keeps the exact ones) included."""
     a = prep.analysis
-    for c in dp.chains(a):
-        sg = c.segments
-        yield make_segment_plan(a.graph, sg.cuts, store_all_tree(sg.m), sg=sg,
-                                mem=(c.template_bytes, c.template_blocks))
+    for cuts in dp.cut_sets(a):
+        sg = make_segment_plan(a.graph, cuts).segments
+        yield make_segment_plan(a.graph, sg.cuts, store_all_tree(sg.m), sg=sg)
 
 
 def test_lstm_weights_sum_like_mxnet() -> None:
@@ -191,6 +193,10 @@ def test_lstm_weights_sum_like_mxnet() -> None:
                 assert np.array_equal(g.asnumpy(), ex.grad_dict[name].asnumpy()), name
     assert kinds == {(True, True), (False, False)}
     assert len(split) == len(sums)  # every weight, on some chain
+    # the planner runs none of the chains whose weights are inexact
+    kept = dp.chains(prep.analysis)
+    assert kept and all(c.segments.exact for c in kept)
+    assert len(kept) < len(dp.cut_sets(prep.analysis))
 
 
 def test_resnet_weights_in_place() -> None:

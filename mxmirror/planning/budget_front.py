@@ -28,6 +28,7 @@ from mxmirror.errors import BudgetTooSmall
 from mxmirror.log import size
 from mxmirror.planning.algorithm3 import candidates, segment_mirror
 from mxmirror.planning.analysis import Analysis
+from mxmirror.planning.chains import finest_cuts
 from mxmirror.planning.choice import Choice, mirror_choice, segmented_choice
 from mxmirror.planning.dp import curve, recompute_floor
 from mxmirror.planning.strategies import search, sqrt
@@ -117,9 +118,11 @@ def all_points(a: Analysis) -> list[Point]:
     """Every family's plans (see the module docstring)."""
     pts = list(one_recompute_points(a))
     one_recompute = min(p.planned_bytes for p in pts)
+    fine = finest_cuts(a)
     for k, (planned, _, sp) in enumerate(curve(a)):
         if planned < one_recompute:
-            pts.append(_point("recursive" if k == 0 else "multilevel", segmented_choice(a, sp)))
+            pts.append(_point("recursive" if k == 0 and sp.cuts == fine else "multilevel",
+                              segmented_choice(a, sp)))
     return pts
 
 

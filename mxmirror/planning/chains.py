@@ -5,8 +5,9 @@ copies of its boundary values in and out, its boundary losses, an executor call.
 of a few operators does almost no work for that (an LSTM step cut between its cell state
 and its output leaves h = o * tanh(c) on its own: half the chain). So a segment of fewer
 than ``MIN_OPS`` operators joins a neighbour, where the chain's plan (its binary recursion)
-then neither recomputes more nor needs more bytes, and sums every weight's gradient as
-MXNet does (grad_sums): else the chain keeps every cut.
+then neither recomputes more nor needs more bytes, and sums every gradient as MXNet does
+(Segments.exact): else the chain keeps every cut. A chain whose sums are not all MXNet's
+is never run (``inexact_note``; dp.chains).
 """
 
 from __future__ import annotations
@@ -85,10 +86,11 @@ def joined_cuts(a: Analysis, cuts: list[int]) -> list[int]:
 
 
 def _exact_sums(plan: SegmentPlan) -> bool:
-    """Whether the plan sums every weight's gradient with MXNet's own expression
-    (grad_sums): a joined segment holding several uses of a weight may not, and the join
-    must not make a plan that trains differently from MXNet the smallest."""
-    return all(exact for _, exact in plan.segments.weight_sums.values())
+    """Whether the plan sums every gradient it splits with MXNet's own expression
+    (Segments.exact: grad_sums, value_sums): a joined segment holding several uses of a
+    weight or value may not, and the join must not make a plan that trains differently
+    from MXNet."""
+    return plan.segments.exact
 
 
 def _binary_recompute(a: Analysis, cuts: list[int]) -> float:
@@ -97,3 +99,19 @@ def _binary_recompute(a: Analysis, cuts: list[int]) -> float:
     total = sum(flops) or 1.0
     runs = forward_runs(binary_tree(len(flops)), len(flops))
     return (sum(r * f for r, f in zip(runs, flops)) - total) / total
+
+
+def inexact_note(plan: SegmentPlan) -> str:
+    """Why the segmented executor would not compute the plan's gradients as MXNet does (a
+    sum it splits that no combination makes MXNet's: Segments.exact), naming the first
+    gradient; '' where it would."""
+    sg = plan.segments
+    graph = sg.graph
+    weights = [w for w, (_, exact) in sg.weight_sums.items() if not exact]
+    if weights:
+        return (f"the segments would not sum the gradient of {weights[0]} as MXNet does "
+                f"(a weight read in several segments, grad_sums)")
+    for e, why in sg.value_sums.inexact.items():
+        return (f"the segments would not sum the gradient of {graph.nodes[e[0]].name} as "
+                f"MXNet does: {why}")
+    return ""

@@ -31,7 +31,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from mxmirror.errors import BudgetTooSmall
+from mxmirror.errors import BudgetTooSmall, PlanError
 from mxmirror.log import size
 from mxmirror.planning import _dp
 from mxmirror.planning.algorithm3 import grid_cuts
@@ -124,11 +124,14 @@ def cut_sets(a: Analysis, max_segments: int = MAX_SEGMENTS) -> list[list[int]]:
 
 def chains(a: Analysis, max_segments: int = MAX_SEGMENTS) -> list[SegmentPlan]:
     """The plans of cut_sets' chains, each with its binary tree (the first is the
-    ``recursive`` plan); computed once per Analysis."""
+    ``recursive`` plan where its sums are exact), those whose segments sum every gradient
+    as MXNet does only (Segments.exact: a plan never changes what training computes);
+    computed once per Analysis."""
     found = _chains.get(a, {}).get(max_segments)
     if found is not None:
         return found
-    out = [make_segment_plan(a.graph, cuts) for cuts in cut_sets(a, max_segments)]
+    out = [sp for cuts in cut_sets(a, max_segments)
+           if (sp := make_segment_plan(a.graph, cuts)).segments.exact]
     _chains.setdefault(a, {})[max_segments] = out
     return out
 
@@ -196,6 +199,8 @@ def curve(a: Analysis, levels: int = LEVELS, max_segments: int = MAX_SEGMENTS):
     first is the finest chain's binary recursion (the ``recursive`` plan). The coarse chains
     at one scale only: at the small budgets that finer scales resolve, the finest chain's
     smaller pool wins (and each scale costs a table of m^2 x levels)."""
+    if not chains(a, max_segments):
+        return []
     fine, *coarse = chains(a, max_segments)
     with task("multi-level DP", total=1 + len(coarse), unit="chains") as done:
         points = chain_curve(a, fine, levels)
@@ -213,6 +218,8 @@ def least_memory(a: Analysis) -> SegmentPlan:
     """The least-memory schedule the DP finds over every chain; computed once per Analysis."""
     found = _least.get(a)
     if found is None:
+        if not chains(a):
+            raise PlanError(no_exact_chain(a))
         found = _least[a] = min((_least_on_chain(a, sp) for sp in chains(a)),
                                 key=lambda p: p.planned_bytes)
     return found
@@ -228,6 +235,15 @@ def plan_for_budget(a: Analysis, budget_bytes: int) -> SegmentPlan:
     raise BudgetTooSmall(f"budget {size(budget_bytes)} is below the smallest planned memory "
                          f"reachable even with several recomputations per node "
                          f"({size(low.planned_bytes)}); raise the budget")
+
+
+def no_exact_chain(a: Analysis) -> str:
+    """What to say where no chain sums its gradients as MXNet does: the finest chain's
+    reason."""
+    from mxmirror.planning.chains import inexact_note, segment_chain
+
+    return (f"no segmented plan computes what training computes here: "
+            f"{inexact_note(segment_chain(a))}")
 
 
 def _chain_for_budget(a: Analysis, sp: SegmentPlan, budget_bytes: int) -> SegmentPlan | None:

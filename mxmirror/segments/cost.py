@@ -40,10 +40,12 @@ def dry_run(sg: Segments, tree: Tree) -> DryRun:
     peak of kept bytes (real dtype sizes), counted where the executor counts them: at each
     forward (the state it runs from and the one it gives, besides the held states) and at
     each backward (its state; the gradients of its inputs added, those of its outputs
-    dropped after). A value only the next segment reads (one-hop) and not held stays in
-    its template's output and its gradient goes straight to its producer: not counted."""
+    dropped after; a value whose gradient's blocks are held apart, its partial sums:
+    value_sums.Program). A value only the next segment reads (one-hop) and not held stays
+    in its template's output and its gradient goes straight to its producer: not counted."""
     size = {e: sg.entry_bytes(e) for c in sg.crossing for e in c}
     free = [c - sg.one_hop for c in sg.crossing]  # per cut: the values counted when not held
+    programs = sg.value_sums.programs  # values whose blocks are held apart (value_sums)
     held_count: dict = {}  # value -> held states holding it
     held = grads = 0  # bytes of the held values; of the boundary gradients alive
     grad_of: dict = {}  # value -> bytes of its gradient, alive
@@ -80,7 +82,11 @@ def dry_run(sg: Segments, tree: Tree) -> DryRun:
                     held_count[e] = n + 1
             continue
         for e in seg.inputs:
-            if e not in sg.one_hop and e not in grad_of:
+            if e in programs:  # its partial sums held after this backward
+                now = programs[e].held[op.segment] * size[e]
+                grads += now - grad_of.get(e, 0)
+                grad_of[e] = now
+            elif e not in sg.one_hop and e not in grad_of:
                 grad_of[e] = size[e]
                 grads += size[e]
         note(free[op.segment - 1])

@@ -31,8 +31,10 @@ for 5 or more uses when the later uses are written first.
 
 ``weight_sums`` models these expressions on the graph and binds a weight in place only
 where its sum is then MXNet's own expression, term for term; elsewhere the slot path
-stays (which may itself differ from MXNet, e.g. 2-4 uses in one segment with some in
-another: issue 13, item 5).
+stays. Where the slot path is not MXNet's expression either (e.g. 2-4 uses in one segment
+with some in another), the weight is inexact, and the planner does not use those
+segments (``Segments.exact``; the same rule for values read in several segments:
+``value_sums``).
 """
 
 from __future__ import annotations

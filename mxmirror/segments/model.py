@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 from mxmirror.ir.graph import Entry, Graph
 
@@ -81,6 +82,22 @@ class Segments:
         from mxmirror.segments.grad_sums import weight_sums
 
         return weight_sums(self)
+
+    @cached_property
+    def value_sums(self) -> Any:
+        """value_sums.value_sums: how the runner combines the gradient of each value read
+        in several segments, and the values no combination sums as MXNet does."""
+        from mxmirror.segments.value_sums import value_sums
+
+        return value_sums(self)
+
+    @property
+    def exact(self) -> bool:
+        """Whether the segmented executor computes every gradient sum these segments split
+        with MXNet's own expression (every weight's, every value's): else the planner does
+        not use them."""
+        return all(exact for _, exact in self.weight_sums.values()) and \
+            not self.value_sums.inexact
 
     @cached_property
     def grad_slots(self) -> frozenset:

@@ -119,12 +119,15 @@ class Builder(Protocol):
         """The node's name (for the names MXNet derives from it)."""
 
 
-def run(graph: Graph, b: Builder, mirror: Container[int] | None = None) -> tuple[list, int]:
+def run(graph: Graph, b: Builder, mirror: Container[int] | None = None,
+        terms: dict | None = None) -> tuple[list, int]:
     """The training graph's nodes made through `b`, in MXNet's construction order, with a
     copy of every node of `mirror` that has one (None: of every node that has one, for a
     builder of every mirror set); returns the outputs (forward heads, then one gradient per
     argument that gets one) and the number of forward heads. Where no argument gets a
-    gradient, only the forward graph."""
+    gradient, only the forward graph. `terms`, where given, gets every forward entry's
+    gradient terms as the pass lists them, each as (origin, entry): origin ``("head", i)``
+    for output i's head gradient, else (reading node id, input index)."""
     topo = graph.forward_order
     fwd: dict[int, Any] = {}
     for n in topo:
@@ -143,6 +146,8 @@ def run(graph: Graph, b: Builder, mirror: Container[int] | None = None) -> tuple
         hint = b.node(HEAD_GRAD_HINT, [size], [(var, 0), outputs[i]], "hint",
                       f"_head_grad_{i}_id", None)
         grads[s][k] = [(hint, 0)]
+        if terms is not None:
+            terms[(s, k)] = [(("head", i), (hint, 0))]
 
     for n in topo:
         if (mirror is None or n.id in mirror) and has_mirror_copy(n):
@@ -178,9 +183,11 @@ def run(graph: Graph, b: Builder, mirror: Container[int] | None = None) -> tuple
             for c in tn.control_nodes:
                 b.control(node, (made[c], 0))
             made.append(node)
-        for (src, k), r in zip(n.inputs, tpl.input_grads):
+        for j, ((src, k), r) in enumerate(zip(n.inputs, tpl.input_grads)):
             if r is not None:
                 grads[src][k].append(ref(r))
+                if terms is not None:
+                    terms.setdefault((src, k), []).append(((n.id, j), grads[src][k][-1]))
 
     seen: set = set()
     for x in xs:

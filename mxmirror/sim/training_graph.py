@@ -59,6 +59,17 @@ def build(graph: Graph, mirror: set[int] | None = None) -> TrainingGraph:
     return TrainingGraph(post_order([t for t, _ in outputs], _children), outputs, num_forward)
 
 
+def gradient_terms(graph: Graph) -> dict[tuple[int, int], list[tuple[tuple, bool]]]:
+    """Every forward entry's gradient terms in the order MXNet's gradient pass lists them
+    (``gradient_pass.run``), each as (origin, whether a zero op makes it: AggregateGradient
+    drops those where others remain): origin ``("head", i)`` for output i's head gradient,
+    else (reading node id, input index)."""
+    terms: dict = {}
+    gradient_pass.run(graph, _Objects(), set(), terms)
+    return {e: [(origin, t[0].op in gradient_pass.ZERO_OPS) for origin, t in ts]
+            for e, ts in terms.items()}
+
+
 def _children(t: TNode) -> list[TNode]:
     """What runs before a training node: its inputs' nodes, then its control dependencies."""
     return [e[0] for e in t.inputs] + t.cdeps

@@ -161,6 +161,11 @@ def add_to(dst: Any, src: Any) -> None:
     _invoke(_op("elemwise_add"), [dst, src], dst)
 
 
+def negate(a: Any) -> None:
+    """``a = -a`` in place (``negative``): -0 where `a` is 0."""
+    _invoke(_op("negative"), [a], a)
+
+
 def forward(ex: Any, is_train: bool) -> None:
     """``ex.forward(is_train)`` for an MXNet executor, without re-reading its outputs
     (its output arrays are the same NDArrays from bind on)."""

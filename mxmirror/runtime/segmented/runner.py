@@ -17,6 +17,8 @@ Correctness:
 - Parameter gradients are accumulated across segments (shared weights of an
   unrolled LSTM), honouring grad_req write/add/null: straight into the user's
   gradient where that sums as MXNet does (grad_sums.py), else through a slot.
+- The gradient of a value read in several segments: each reader segment's block added
+  as it comes, or held and added as MXNet's sum groups the terms (value_sums.py).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class ScheduleRunner:
         self._train_mode: bool | None = None  # is_train of the last forward pushed
         self._head_grads: list | None = None
         self._grads: dict = {}
+        self._parts: dict = {}  # value -> its partial gradient sums held (value_sums.Program)
         self._held: set[int] = set()  # cuts whose state is held
         self._held_refs: dict[int, int] = {}  # id of a held array -> held states holding it
         self._held_bytes = 0  # bytes of the distinct held arrays
@@ -122,7 +125,7 @@ class ScheduleRunner:
     # -------------------------------------------------------------- replaying
     def _reset(self) -> None:
         """No boundary gradient alive, no state held, no copy pending (after an error)."""
-        self._grads = {}
+        self._grads, self._parts = {}, {}
         self._copies = calls.Copies()
         self._held, self._held_refs, self._held_bytes = set(), {}, 0
 
@@ -211,10 +214,14 @@ class ScheduleRunner:
             for copy in st.aux_in:  # of a Gluon block) may have updated them since
                 copies.add(*copy)
         # shared parameter gradient slots: what the backward leaves unwritten is 0
-        zeroed = list(st.zeroed)
+        zeroed, negated = list(st.zeroed), []
         one_hop = self.sg.one_hop
+        programs = self.sg.value_sums.programs
         for kind, key, slot, view, dtype in st.grad_inputs:
-            if kind == "ograd" and key in one_hop:
+            if kind == "ograd" and key in programs and programs[key].root < 0:
+                zeroed.append(slot)  # then -0, which adds nothing (Program)
+                negated.append(slot)
+            elif kind == "ograd" and key in one_hop:
                 if key not in self._delivered:  # the reader's backward left none
                     zeroed.append(slot)
             else:
@@ -224,6 +231,8 @@ class ScheduleRunner:
                 else:
                     copies.add(g, view, dtype)
         st.zero(zeroed)  # slots no copy writes: the copies may wait
+        for slot in negated:
+            calls.negate(slot)
         self._delivered = set()
         copies.push()
         calls.backward(ex)
@@ -232,7 +241,9 @@ class ScheduleRunner:
             settle(st.aux)
         grads = self._grads
         for e, g, dtype, alloc in st.state_grads:
-            if e in one_hop:  # straight into the producer's gradient input
+            if e in programs:  # added to the other blocks as MXNet's sum groups them
+                self._combine(e, programs[e], i, g, dtype, alloc)
+            elif e in one_hop:  # straight into the producer's gradient input
                 copies.add(g, self._hop_slot(i - 1, e), dtype)
                 self._delivered.add(e)
             elif e in grads:  # reads a slot and a kept gradient no pending copy writes
@@ -247,6 +258,28 @@ class ScheduleRunner:
         self._note(state)
         for e, *_ in st.outputs:
             grads.pop(e, None)
+
+    def _combine(self, e: Any, program: Any, i: int, g: Any, dtype: Any, alloc: Any) -> None:
+        """Segment i's block of value e's gradient (its slot g) into the program's partial
+        sums: added to its sibling's while that is complete, else held; at the root, the
+        producer's gradient input. A zero block (no leaf) is not used."""
+        node = program.leaf.get(i)
+        if node is None:
+            return
+        parts = self._parts.setdefault(e, {})
+        array = None  # the block is still in its slot
+        while node != program.root and program.sibling[node] in parts:
+            partial = parts.pop(program.sibling[node])
+            calls.add_to(partial, g if array is None else array)
+            array, node = partial, program.parent[node]
+        if array is None:
+            array = alloc()
+            self._copies.add(g, array, dtype)
+        if node == program.root:
+            self._grads[e] = array
+            del self._parts[e]
+        else:
+            parts[node] = array
 
     def _in_place(self, value: _InTemplate) -> Any:
         """The template output holding `value`, which no run since has overwritten."""
@@ -266,7 +299,8 @@ class ScheduleRunner:
         if not self._measuring:
             return
         size, held = self._value_bytes, self._held_refs
-        total = self._held_bytes + sum(size[e] for e in self._grads)
+        total = self._held_bytes + sum(size[e] for e in self._grads) + \
+            sum(size[e] * len(p) for e, p in self._parts.items())
         seen: set = set()
         for d in extra:
             for e, v in d.items():
