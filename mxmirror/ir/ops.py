@@ -41,14 +41,45 @@ RANDOM_PREFIXES = ("_random_", "random_", "_sample_", "sample_", "_npi_random", 
 RANDOM = {DROPOUT, "_shuffle", "shuffle", "RNN"}  # RNN: dropout inside the fused cell
 # Ops with state or side effects whose recomputation MXNet cannot replay.
 STATEFUL = {"_foreach", "_while_loop", "_cond", "Custom", "_CachedOp", "_contrib_SyncBatchNorm"}
-# Ops whose forward checks req == kWriteTo on some device: an unread mirror copy (asked to
-# write nothing) would fail at run time, so they are mirrored only when the copy is read.
+# Ops that must be asked to write their first output. MXNet runs a mirror copy even where
+# nothing reads it (its node's backward has a control dependency on it), and gives each of
+# its outputs that nothing reads req = kNullOp. Where that is the copy's first output, these
+# ops compute nothing at all (LayerNorm and GroupNorm return at once, leaving the mean and
+# deviation their backward reads from the copy unwritten: wrong gradients) or fail a check
+# on some device (req == kWriteTo, req != kNullOp; raised when the engine runs the copy).
+# So a node of one is mirrored only where its copy's first output is read: by its own
+# backward or by a consumer's copy (planning/analysis.drop_unread). Measured on CPU, MKL-DNN
+# on and off, by scripts/unread_mirror_sweep.py (docs/unread_mirror.md), which tries every
+# registered operator; the others here check on GPU (read from MXNet 1.9.1's source).
 MUST_WRITE = {
-    "Embedding", "take", "Convolution", "Deconvolution", "FullyConnected", "BatchNorm",
-    "L2Normalization", "Crop", "_contrib_SyncBatchNorm", "BilinearSampler", "GridGenerator",
-    "_contrib_DeformableConvolution", "_contrib_ModulatedDeformableConvolution",
-    "_contrib_Proposal", "_contrib_MultiProposal", "Convolution_v1", "BatchNorm_v1",
+    # wrong values, everywhere
+    "LayerNorm", "GroupNorm",
+    # a failed check on CPU with MKL-DNN on and off
+    "Embedding", "Convolution_v1", "_contrib_DeformableConvolution", "BilinearSampler",
+    "GridGenerator", "Crop", "hard_sigmoid", "pick", "diag", "_np_diag", "_np_diagflat",
+    "_np_diagonal", "_npi_pad", "_image_to_tensor",
+    # a failed check on CPU with MKL-DNN off (its own kernels check nothing)
+    "Convolution", "Deconvolution",
+    # a check on GPU or on sparse inputs
+    "take", "FullyConnected", "BatchNorm", "L2Normalization", "_contrib_SyncBatchNorm",
+    "_contrib_ModulatedDeformableConvolution", "_contrib_Proposal", "_contrib_MultiProposal",
+    "BatchNorm_v1",
 }
+# Ops that must write for some attribute values only: op -> (attribute, values). Bilinear
+# UpSampling runs a Deconvolution that checks req == kWriteTo (MKL-DNN on and off); nearest
+# UpSampling writes or not as asked.
+MUST_WRITE_IF = {"UpSampling": ("sample_type", {"bilinear"})}
+
+
+def must_write(op: str | None, attrs: dict[str, str]) -> bool:
+    """Whether a node of `op` with `attrs` is mirrored only where its copy's first output is
+    read (MUST_WRITE, MUST_WRITE_IF)."""
+    if op in MUST_WRITE:
+        return True
+    cond = MUST_WRITE_IF.get(op)
+    return cond is not None and attrs.get(cond[0]) in cond[1]
+
+
 # MKL-DNN (MXNet 1.9.1's CPU build): the ops registered with TIsMKLDNN (aliases included),
 # read from its source. Its executor runs every other op by storage fallback
 # (src/executor/attach_op_execs_pass.cc), which keeps a default-layout copy of each input
