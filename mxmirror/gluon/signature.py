@@ -89,7 +89,7 @@ def signature(block: Any, given: CallArgs, reqs: tuple, params: dict, policy: st
         own, kept = beyond_cached_op(plan), retained_bytes(plan.graph)
         plan.release()  # kept for its binds, which read no analysed graph
     graph = SymbolText.of(symbol)
-    random = any(ops.is_random(n["op"]) for n in json.loads(graph.text)["nodes"])
+    random = any(ops.is_random(n["op"], n.get("attrs")) for n in json.loads(graph.text)["nodes"])
     return Signature(shapes, graph, fmt, copies, plan, own, kept, random)
 
 

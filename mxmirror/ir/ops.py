@@ -36,9 +36,18 @@ PARAMETER_SLOTS = {"weight", "bias", "gamma", "beta", "parameters"}
 # (InitFullGraph's need_mirror, whatever its attributes), and the segmented executor replays
 # it as its input times a mask drawn once per step, the one random op it can replay.
 DROPOUT = "Dropout"
-# Never recomputed: fresh randomness would change what training computes.
-RANDOM_PREFIXES = ("_random_", "random_", "_sample_", "sample_", "_npi_random", "_contrib_rand")
-RANDOM = {DROPOUT, "_shuffle", "shuffle", "RNN"}  # RNN: dropout inside the fused cell
+# Never recomputed: fresh randomness would change what training computes. The ops of MXNet
+# 1.9.1 that ask for a random resource (kRandom, kParallelRandom), read from its source:
+# the NumPy samplers (their gradients flow to their parameters: recomputed, they drew anew,
+# scripts/unread_mirror_sweep.py), image augmentation, DGL's neighbour sampling; and
+# LeakyReLU with act_type rrelu (a random slope per element in training: RANDOM_IF).
+RANDOM_PREFIXES = ("_random_", "random_", "_sample_", "sample_", "_npi_random", "_contrib_rand",
+                   "_image_random_", "_contrib_dgl_csr_neighbor")
+RANDOM = {DROPOUT, "_shuffle", "shuffle", "RNN",  # RNN: dropout inside the fused cell
+          "_npi_bernoulli", "_npi_choice", "_npi_exponential", "_npi_gamma", "_npi_gumbel",
+          "_npi_logistic", "_npi_multinomial", "_npi_normal", "_npi_normal_n", "_npi_pareto",
+          "_npi_powerd", "_npi_rayleigh", "_npi_uniform", "_npi_uniform_n", "_npi_weibull"}
+RANDOM_IF = {"LeakyReLU": ("act_type", {"rrelu"})}
 # Ops with state or side effects whose recomputation MXNet cannot replay.
 STATEFUL = {"_foreach", "_while_loop", "_cond", "Custom", "_CachedOp", "_contrib_SyncBatchNorm"}
 # Ops that must be asked to write their first output. MXNet runs a mirror copy even where
@@ -105,8 +114,12 @@ LOSSES = {"SoftmaxOutput", "LinearRegressionOutput", "LogisticRegressionOutput",
           "MAERegressionOutput", "SVMOutput", "MakeLoss", "make_loss", "softmax_cross_entropy"}
 
 
-def is_random(op: str) -> bool:
-    return op in RANDOM or op.startswith(RANDOM_PREFIXES)
+def is_random(op: str, attrs: dict[str, str] | None = None) -> bool:
+    """Whether a node of `op` (with `attrs`) draws random numbers."""
+    if op in RANDOM or op.startswith(RANDOM_PREFIXES):
+        return True
+    cond = RANDOM_IF.get(op)
+    return cond is not None and (attrs or {}).get(cond[0]) in cond[1]
 
 
 def is_cheap(op: str) -> bool:

@@ -165,7 +165,7 @@ class Analysis:
         """Nodes that must never be recomputed, with the reason."""
         out = {}
         for n in self.order:
-            if ops.is_random(n.op):
+            if ops.is_random(n.op, n.attrs):
                 out[n.id] = "random op: recomputing would draw fresh randomness"
             elif not n.inputs:
                 out[n.id] = ("source op (no inputs): nothing to recompute, and MXNet may "
