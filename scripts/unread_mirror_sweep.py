@@ -695,6 +695,16 @@ def sweep(names: list[str], mkldnn: bool, specs_file: str) -> dict[str, dict]:
     return in_children(["--specs", specs_file, "--child"], names, env)
 
 
+def _rule(ops, op: str) -> str:
+    """Where ir/ops.py states that `op` must write, if it does."""
+    if op in ops.MUST_WRITE:
+        return "in MUST_WRITE"
+    if op in ops.MUST_WRITE_IF:
+        attr, values = ops.MUST_WRITE_IF[op]
+        return f"in MUST_WRITE_IF where {attr} is {' or '.join(sorted(values))}"
+    return "NOT in MUST_WRITE"
+
+
 def _never(ops, op: str) -> bool:
     """Whether mxmirror never mirrors a node of this op (ir/ops.py's blockers)."""
     return ops.is_random(op) or op in ops.STATEFUL or ops.never_mirrored(op)
@@ -785,8 +795,8 @@ def main() -> None:
         "| case | op | " + " | ".join(mode) + " |", "|---|---|" + "---|" * len(settings),
         *rows, "",
         "## Op kinds whose unread mirror copy computes wrong values or fails", "",
-        *[f"- `{op}` ({'in' if op in ops.MUST_WRITE else 'NOT in'} MUST_WRITE): "
-          f"{'; '.join(sorted(c))}" for op, c in sorted(found.items())], "",
+        *[f"- `{op}` ({_rule(ops, op)}): {'; '.join(sorted(c))}"
+          for op, c in sorted(found.items())], "",
         "## Other differences (not the unread-copy rule)", "",
         *[f"- `{op}` ({'never' if _never(ops, op) else 'may be'} mirrored by mxmirror): "
           f"{'; '.join(sorted(c))}" for op, c in sorted(other.items())], "",
