@@ -699,6 +699,8 @@ def _rule(ops, op: str) -> str:
     """Where ir/ops.py states that `op` must write, if it does."""
     if op in ops.MUST_WRITE:
         return "in MUST_WRITE"
+    if op in ops.MUST_WRITE_ON_GPU:
+        return "NOT in MUST_WRITE: MUST_WRITE_ON_GPU, not applied"
     if op in ops.MUST_WRITE_IF:
         attr, values = ops.MUST_WRITE_IF[op]
         return f"in MUST_WRITE_IF where {attr} is {' or '.join(sorted(values))}"
