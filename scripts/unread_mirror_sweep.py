@@ -48,6 +48,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -468,7 +469,9 @@ def _train_step(mx, np, sym, case, mirrored: set[str]) -> dict:
 
 
 def _error(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    """The line of an error that says what failed, without MXNet's time and source file."""
+    lines = [re.sub(r"\[\d\d:\d\d:\d\d\] \S+: ", "", ln).strip()
+             for ln in str(e).splitlines() if ln.strip()]
     pick = [ln for ln in lines if "Check failed" in ln] or [ln for ln in lines if "Error" in ln]
     return ((pick or lines or [type(e).__name__])[-1])[:160]
 
