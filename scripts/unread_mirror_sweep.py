@@ -775,7 +775,8 @@ def main() -> None:
             elif v not in ("fine", "no plain run"):
                 other.setdefault(op, set()).add(f"{where}: {v}")
         if all(v == "no plain run" for v in verdicts):
-            no_run.append(f"{name} ({recs[0].get('plain', '?')[7:70]})")
+            why = recs[0].get("plain", "?")
+            no_run.append(f"{name} ({why.removeprefix('fails: ')[:70]})")
             continue
         if all(v == "fine" for v in verdicts) and name not in hand:
             fine_auto += 1
