@@ -123,9 +123,12 @@ def reference_drop_unread(a, mirror: frozenset[int]) -> set[int]:
         if v.id not in kept:
             continue
         nodes = v.template.nodes if v.template is not None else []
+        first_read = (any(r == ("out", 0) for tn in nodes for r in tn.inputs)
+                      or any(n.id in present and (v.id, 0) in n.inputs for n in a.order))
         read = (any(r[0] == "out" for tn in nodes for r in tn.inputs)
                 or any(c in present for c in a.graph.consumers.get(v.id, ())))
-        if not gradient_pass.has_mirror_copy(v) or (not read and v.op in ops.MUST_WRITE):
+        if not gradient_pass.has_mirror_copy(v) or (
+                not first_read and ops.must_write(v.op, v.attrs)):
             kept.discard(v.id)
         elif read or any(tn.control_fwd for tn in nodes):
             present.add(v.id)

@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from mxmirror.adapter.children import ChildFailed, allocated_mb, finish, run_child
-from mxmirror.adapter.symbol import load_symbol
+from mxmirror.adapter.symbol import load_symbol, symbol_json
 from mxmirror.errors import PlanError
 from mxmirror.ir.graph import module_default, normalize_grad_req
 from mxmirror.progress import task
@@ -46,7 +46,7 @@ def mxnet_mb(sym, shapes: dict[str, Any], type_dict: dict | None = None, grad_re
     """MXNet's own planned-intermediates figure (integer MB) for one bind."""
     sym = load_symbol(sym)
     req = normalize_grad_req(sym.list_arguments(), grad_req, module_default(shapes))
-    return mxnet_mb_many([{"symbol": sym.tojson(), "shapes": {k: list(v) for k, v in
+    return mxnet_mb_many([{"symbol": symbol_json(sym), "shapes": {k: list(v) for k, v in
                                                               shapes.items()},
                            "type_dict": type_dict, "grad_req": req, "env": env or {}}])[0]
 

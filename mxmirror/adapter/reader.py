@@ -14,7 +14,7 @@ from typing import Any
 
 from mxmirror.adapter.children import error_line
 from mxmirror.adapter.learn import TemplateStore, learn
-from mxmirror.adapter.symbol import check_supported, load_mxnet, load_symbol
+from mxmirror.adapter.symbol import check_supported, load_mxnet, load_symbol, symbol_json
 from mxmirror.errors import PlanError
 from mxmirror.ir import arity, backward, ops
 from mxmirror.ir.graph import (
@@ -72,7 +72,7 @@ def inputs_text(sym) -> str:
     labels, states: variables outside every parameter slot of the ops reading them) by
     name, then how many parameters and auxiliary states there are."""
     mx = load_mxnet()
-    nodes = json.loads(sym.tojson())["nodes"]
+    nodes = json.loads(symbol_json(sym))["nodes"]
     slots: dict[str, str] = {}  # op and attributes -> its input slot names
     params = set()
     for node in nodes:
@@ -117,10 +117,10 @@ def load_graph(source: Any, shapes: dict[str, Any], type_dict: dict[str, str] | 
             raise PlanError(f"unknown dtype {dt!r} for {name!r}; use one of "
                             f"{', '.join(sorted(_DTYPES))}")
     req = normalize_grad_req(sym.list_arguments(), grad_req, module_default(shapes))
-    js = json.loads(text or sym.tojson())
+    js = json.loads(text or symbol_json(sym))
     check_supported(js)
     internals = sym.get_internals()
-    ijs = json.loads(internals.tojson())
+    ijs = json.loads(symbol_json(internals))
     if [n["name"] for n in ijs["nodes"]] != [n["name"] for n in js["nodes"]]:
         raise PlanError("internal error: node order of the symbol and its internals differ")
     try:

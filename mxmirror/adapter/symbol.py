@@ -114,9 +114,20 @@ def mxnet_version() -> str:
     return load_mxnet().__version__
 
 
+def symbol_json(sym: Any) -> str:
+    """A symbol's JSON as MXNet binds it. ``Symbol.tojson()`` leaves out the amp_cast and
+    amp_multicast nodes by default (``remove_amp_cast=True``, for a model saved to run in
+    float32), while a bind runs them: a plan read from that JSON would be one of another
+    graph, and its bind would drop the casts."""
+    if isinstance(sym, SymbolText):
+        return sym.text
+    return sym.tojson(remove_amp_cast=False)
+
+
 @dataclass
 class SymbolText:
-    """A symbol as MXNet reads it: its own tojson(), arguments and auxiliary states (what a
+    """A symbol as MXNet reads it: its own JSON (symbol_json), arguments and auxiliary
+    states (what a
     plan's key and the checks of the inputs need), answering those as a Symbol does. Kept
     on disk per symbol text and MXNet version, so that a plan kept for a symbol file is
     found without importing MXNet; the Symbol itself is made on first use."""
@@ -127,7 +138,7 @@ class SymbolText:
 
     @classmethod
     def of(cls, sym: Any) -> SymbolText:
-        out = cls(sym.tojson(), sym.list_arguments(), sym.list_auxiliary_states())
+        out = cls(symbol_json(sym), sym.list_arguments(), sym.list_auxiliary_states())
         out.__dict__["symbol"] = sym
         return out
 

@@ -16,7 +16,7 @@ import types
 from pathlib import Path
 
 from mxmirror.adapter.figure import mxnet_mb_many
-from mxmirror.adapter.symbol import load_symbol, read_symbol
+from mxmirror.adapter.symbol import load_symbol, read_symbol, symbol_json
 from mxmirror.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, PlanError
 from mxmirror.log import mb_text
 from mxmirror.progress import task
@@ -221,7 +221,7 @@ def cmd_plan(args) -> int:
     p = plan(sym, policy=args.policy, budget=budget, type_dict=dtypes, **shapes)
     if args.out:
         try:
-            Path(args.out).write_text(p.symbol.tojson())
+            Path(args.out).write_text(symbol_json(p.symbol))
         except OSError as exc:
             raise PlanError(f"cannot write {args.out}: {exc.strerror}") from None
     if args.json:

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from mxmirror.adapter.figure import mxnet_mb_many
+from mxmirror.adapter.symbol import symbol_json
 from mxmirror.api import prepare
 from mxmirror.tools.timeline import plot_timeline
 from mxmirror.tools.viz import plot_plan
@@ -58,7 +59,7 @@ def run_demo(out: Path, quick: bool = False) -> int:
         job = {"shapes": shapes, "type_dict": None, "grad_req": prepared.inputs.grad_req}
         jobs = [dict(job, symbol=base.source_json),
                 dict(job, symbol=base.source_json, env={"MXNET_BACKWARD_DO_MIRROR": "1"})]
-        jobs += [dict(job, symbol=p.symbol.tojson()) for p in plans.values()]
+        jobs += [dict(job, symbol=symbol_json(p.symbol)) for p in plans.values()]
         # the drawings are made while MXNet binds in child processes
         drawn: list = []
         stem = out / ("resnet" if "ResNet" in title else "lstm")

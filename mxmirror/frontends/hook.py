@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from mxmirror.adapter.executor_memory import beyond_unplanned
-from mxmirror.adapter.symbol import learner_ahead, load_mxnet
+from mxmirror.adapter.symbol import learner_ahead, load_mxnet, symbol_json
 from mxmirror.api import plan
 from mxmirror.errors import EXIT_BAD_INPUT, PlanError
 from mxmirror.ir.graph import normalize_grad_req
@@ -111,7 +111,7 @@ def _plan_for(symbol, policy, budget, grad_req, type_dict, shapes, ctx=None,
         return Bound(None, None)  # inference: nothing to recompute
     key = None
     try:
-        text = symbol.tojson()
+        text = symbol_json(symbol)
         key = hashlib.sha1(json.dumps([text, sorted((k, str(tuple(v) if isinstance(v, list) else v))
                                               for k, v in shapes.items()),
                                        grad_req, type_dict and sorted(type_dict.items()),

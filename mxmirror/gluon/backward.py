@@ -22,7 +22,7 @@ import json
 from typing import Any
 
 import mxmirror.gluon.calls as calls
-from mxmirror.adapter.symbol import load_mxnet
+from mxmirror.adapter.symbol import load_mxnet, symbol_json
 from mxmirror.errors import PlanError
 from mxmirror.gluon.order import Node, from_json, replay
 from mxmirror.gluon.sums import RunningSum, accumulate, combine
@@ -63,7 +63,7 @@ def _listed(x: Any) -> list:
 def _graph(heads: list) -> dict | None:
     mx = load_mxnet()
     try:
-        return json.loads(mx.sym.Group([mx.autograd.get_symbol(h) for h in heads]).tojson())
+        return json.loads(symbol_json(mx.sym.Group([mx.autograd.get_symbol(h) for h in heads])))
     except mx.base.MXNetError:
         return None
 

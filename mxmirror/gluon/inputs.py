@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mxmirror.adapter.symbol import load_mxnet
+from mxmirror.adapter.symbol import load_mxnet, symbol_json
 
 
 class CallArgs:
@@ -90,7 +90,7 @@ def recorded(x: Any) -> dict | None:
     """autograd's recorded graph of x (parsed JSON), or None when x is not on the tape."""
     mx = load_mxnet()
     try:
-        return json.loads(mx.autograd.get_symbol(x).tojson())
+        return json.loads(symbol_json(mx.autograd.get_symbol(x)))
     except mx.base.MXNetError:
         return None
 

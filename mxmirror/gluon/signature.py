@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from mxmirror.adapter.executor_memory import OwnMemory, beyond_cached_op
-from mxmirror.adapter.symbol import SymbolText, load_mxnet
+from mxmirror.adapter.symbol import SymbolText, load_mxnet, symbol_json
 from mxmirror.api import plan as make_plan
 from mxmirror.gluon.calls import is_float
 from mxmirror.gluon.executor import retained_bytes
@@ -101,7 +101,7 @@ def signature(block: Any, given: CallArgs, reqs: tuple, params: dict, policy: st
         own, kept = beyond_cached_op(plan), retained_bytes(plan.graph)
         plan.release()  # kept for its binds, which read no analysed graph
     graph = SymbolText.of(symbol)
-    random = any(ops.is_random(n["op"]) for n in json.loads(graph.text)["nodes"])
+    random = any(ops.is_random(n["op"], n.get("attrs")) for n in json.loads(graph.text)["nodes"])
     return Signature(shapes, graph, fmt, copies, plan, own, kept, random)
 
 
@@ -109,7 +109,7 @@ def _distinct_outputs(mx: Any, heads: list) -> Any:
     """The block's outputs as one Symbol, each output its own array: an output given twice
     (or an input given back) is copied, as the CachedOp does, so that each gets its own
     gradient (MXNet's executor keeps one head gradient per array: the other's was lost)."""
-    graph = json.loads(mx.sym.Group(heads).tojson())
+    graph = json.loads(symbol_json(mx.sym.Group(heads)))
     seen = set()
     for i, (node, index, _) in enumerate(graph["heads"]):
         if (node, index) in seen or graph["nodes"][node]["op"] == "null":

@@ -36,19 +36,68 @@ PARAMETER_SLOTS = {"weight", "bias", "gamma", "beta", "parameters"}
 # (InitFullGraph's need_mirror, whatever its attributes), and the segmented executor replays
 # it as its input times a mask drawn once per step, the one random op it can replay.
 DROPOUT = "Dropout"
-# Never recomputed: fresh randomness would change what training computes.
-RANDOM_PREFIXES = ("_random_", "random_", "_sample_", "sample_", "_npi_random", "_contrib_rand")
-RANDOM = {DROPOUT, "_shuffle", "shuffle", "RNN"}  # RNN: dropout inside the fused cell
+# Never recomputed: fresh randomness would change what training computes. The ops of MXNet
+# 1.9.1 that ask for a random resource (kRandom, kParallelRandom), read from its source:
+# the NumPy samplers (their gradients flow to their parameters: recomputed, they drew anew,
+# scripts/unread_mirror_sweep.py), image augmentation, DGL's neighbour sampling; and
+# LeakyReLU with act_type rrelu (a random slope per element in training: RANDOM_IF).
+RANDOM_PREFIXES = ("_random_", "random_", "_sample_", "sample_", "_npi_random", "_contrib_rand",
+                   "_image_random_", "_contrib_dgl_csr_neighbor")
+RANDOM = {DROPOUT, "_shuffle", "shuffle", "RNN",  # RNN: dropout inside the fused cell
+          "_npi_bernoulli", "_npi_choice", "_npi_exponential", "_npi_gamma", "_npi_gumbel",
+          "_npi_logistic", "_npi_multinomial", "_npi_normal", "_npi_normal_n", "_npi_pareto",
+          "_npi_powerd", "_npi_rayleigh", "_npi_uniform", "_npi_uniform_n", "_npi_weibull"}
+RANDOM_IF = {"LeakyReLU": ("act_type", {"rrelu"})}
 # Ops with state or side effects whose recomputation MXNet cannot replay.
 STATEFUL = {"_foreach", "_while_loop", "_cond", "Custom", "_CachedOp", "_contrib_SyncBatchNorm"}
-# Ops whose forward checks req == kWriteTo on some device: an unread mirror copy (asked to
-# write nothing) would fail at run time, so they are mirrored only when the copy is read.
+# Ops that must be asked to write their first output. MXNet runs a mirror copy even where
+# nothing reads it (its node's backward has a control dependency on it), and gives each of
+# its outputs that nothing reads req = kNullOp. Where that is the copy's first output, these
+# ops compute nothing at all (LayerNorm and GroupNorm return at once, leaving the mean and
+# deviation their backward reads from the copy unwritten: wrong gradients) or fail a check
+# on some device (req == kWriteTo, req != kNullOp; raised when the engine runs the copy).
+# So a node of one is mirrored only where its copy's first output is read: by its own
+# backward or by a consumer's copy (planning/analysis.drop_unread). Measured on CPU, MKL-DNN
+# on and off, by scripts/unread_mirror_sweep.py (docs/unread_mirror.md), which tries every
+# registered operator; the last group is read from MXNet 1.9.1's source.
 MUST_WRITE = {
-    "Embedding", "take", "Convolution", "Deconvolution", "FullyConnected", "BatchNorm",
-    "L2Normalization", "Crop", "_contrib_SyncBatchNorm", "BilinearSampler", "GridGenerator",
-    "_contrib_DeformableConvolution", "_contrib_ModulatedDeformableConvolution",
-    "_contrib_Proposal", "_contrib_MultiProposal", "Convolution_v1", "BatchNorm_v1",
+    # wrong values, everywhere
+    "LayerNorm", "GroupNorm",
+    # a failed check on CPU with MKL-DNN on and off
+    "Embedding", "Convolution_v1", "_contrib_DeformableConvolution", "BilinearSampler",
+    "GridGenerator", "Crop", "hard_sigmoid", "pick", "diag", "_np_diag", "_np_diagflat",
+    "_np_diagonal", "_npi_pad", "_image_to_tensor",
+    # a failed check on CPU with MKL-DNN off (its own kernels check nothing)
+    "Convolution", "Deconvolution",
+    # kept from before: a check on GPU only (ModulatedDeformableConvolution), on sparse
+    # inputs (take), in ops with no gradient the sweep cannot bind (Proposal,
+    # MultiProposal), or none found (FullyConnected and L2Normalization return on kNullOp;
+    # SyncBatchNorm is never mirrored)
+    "take", "FullyConnected", "L2Normalization", "_contrib_SyncBatchNorm",
+    "_contrib_ModulatedDeformableConvolution", "_contrib_Proposal", "_contrib_MultiProposal",
 }
+# Not applied: cuDNN's BatchNorm checks req[kOut] == kWriteTo on GPU, but on CPU an unread
+# BatchNorm copy computes what it should (MKL-DNN on and off, measured), mxmirror never held
+# one back (its backward reads the copy's mean and variance, which the rule before counted
+# as read), and holding them back costs CPU plans 7-19% of their memory (sqrt and search on
+# resnet18_v1, mobilenet1.0, resnet50_v2: measured). On GPU a plan whose BatchNorm copy's
+# first output nothing reads fails when the engine runs it: untested here (no GPU).
+MUST_WRITE_ON_GPU = {"BatchNorm", "BatchNorm_v1"}
+# Ops that must write for some attribute values only: op -> (attribute, values). Bilinear
+# UpSampling runs a Deconvolution that checks req == kWriteTo (MKL-DNN on and off); nearest
+# UpSampling writes or not as asked.
+MUST_WRITE_IF = {"UpSampling": ("sample_type", {"bilinear"})}
+
+
+def must_write(op: str | None, attrs: dict[str, str]) -> bool:
+    """Whether a node of `op` with `attrs` is mirrored only where its copy's first output is
+    read (MUST_WRITE, MUST_WRITE_IF)."""
+    if op in MUST_WRITE:
+        return True
+    cond = MUST_WRITE_IF.get(op)
+    return cond is not None and attrs.get(cond[0]) in cond[1]
+
+
 # MKL-DNN (MXNet 1.9.1's CPU build): the ops registered with TIsMKLDNN (aliases included),
 # read from its source. Its executor runs every other op by storage fallback
 # (src/executor/attach_op_execs_pass.cc), which keeps a default-layout copy of each input
@@ -74,8 +123,12 @@ LOSSES = {"SoftmaxOutput", "LinearRegressionOutput", "LogisticRegressionOutput",
           "MAERegressionOutput", "SVMOutput", "MakeLoss", "make_loss", "softmax_cross_entropy"}
 
 
-def is_random(op: str) -> bool:
-    return op in RANDOM or op.startswith(RANDOM_PREFIXES)
+def is_random(op: str, attrs: dict[str, str] | None = None) -> bool:
+    """Whether a node of `op` (with `attrs`) draws random numbers."""
+    if op in RANDOM or op.startswith(RANDOM_PREFIXES):
+        return True
+    cond = RANDOM_IF.get(op)
+    return cond is not None and (attrs or {}).get(cond[0]) in cond[1]
 
 
 def is_cheap(op: str) -> bool:

@@ -165,7 +165,7 @@ class Analysis:
         """Nodes that must never be recomputed, with the reason."""
         out = {}
         for n in self.order:
-            if ops.is_random(n.op):
+            if ops.is_random(n.op, n.attrs):
                 out[n.id] = "random op: recomputing would draw fresh randomness"
             elif not n.inputs:
                 out[n.id] = ("source op (no inputs): nothing to recompute, and MXNet may "
@@ -265,45 +265,58 @@ class Analysis:
         return sim, sum(self.graph.nodes[t.fwd].flops for t in tg.nodes if t.role == "mirror")
 
     def drop_unread(self, mirror: frozenset[int]) -> set[int]:
-        """The mirror set without copies that would crash: unread copies of ops that must write.
+        """The mirror set without the copies that would compute wrong values or fail: the
+        copies of ops that must write (``ops.must_write``) whose first output nothing reads.
 
         A mirrored node whose copy nothing reads is still built by MXNet (its backward has a
-        control dependency on it) and asked to write nothing (kNullOp). Most ops accept that,
-        and such a copy still pays off: the node's backward then reads its inputs' copies
-        instead of keeping the originals. Ops that check ``req == kWriteTo`` (Embedding, and
-        Convolution, FullyConnected and BatchNorm outside MKLDNN, e.g. on GPU) would fail at
-        run time, so those are not mirrored unless their copy is read. One pass in reverse
-        topological order: a copy is read when the node's own backward reads its outputs or
-        a consumer's copy is in the graph (a copy reads all its inputs' copies); a copy is in
-        the graph when it is read or a backward node depends on it. A node MXNet makes no
-        copy of (``gradient_pass.has_mirror_copy``: Dropout) is dropped.
+        control dependency on it), and each output of the copy that nothing reads is asked
+        to write nothing (kNullOp). Most ops accept that, and such a copy still pays off: the
+        node's backward then reads its inputs' copies instead of keeping the originals. Ops
+        that must write compute nothing (LayerNorm, GroupNorm: their backward reads the
+        copy's other outputs) or fail a check (hard_sigmoid; Convolution off MKL-DNN) where
+        the copy's first output is unread, so those are not mirrored unless it is read. One
+        pass in reverse topological order: a copy's first output is read when the node's own
+        backward reads it or the copy of a consumer of that output is in the graph (a copy
+        reads all its inputs' copies); a copy is in the graph when its own backward reads
+        any of its outputs, a backward node depends on it, or a consumer's copy is in the
+        graph. A node MXNet makes no copy of (``gradient_pass.has_mirror_copy``: Dropout) is
+        dropped.
         """
         kept = set(mirror)
         present: set[int] = set()
-        for v, reads_out, controls, must_write, consumers in self._copy_facts:
+        for v, reads_out, reads_first, controls, must_write, consumers, first_readers \
+                in self._copy_facts:
             if v not in kept:
                 continue
-            read = reads_out or not present.isdisjoint(consumers)
-            if must_write is None or (not read and must_write):
+            if must_write is None or (must_write and not reads_first
+                                      and present.isdisjoint(first_readers)):
                 kept.discard(v)
-            elif read or controls:
+            elif reads_out or controls or not present.isdisjoint(consumers):
                 present.add(v)
         return kept
 
     @cached_property
-    def _copy_facts(self) -> list[tuple[int, bool, bool, bool | None, tuple[int, ...]]]:
-        """Per op node, in reverse order: its id, whether its backward reads its outputs,
-        whether its backward has a control dependency on it, whether it must write (None:
-        MXNet makes no copy of it), its consumers (drop_unread's static facts)."""
+    def _copy_facts(self) -> list[tuple[int, bool, bool, bool, bool | None, tuple[int, ...],
+                                        tuple[int, ...]]]:
+        """Per op node, in reverse order (drop_unread's static facts): its id, whether its
+        backward reads any of its outputs, whether it reads its first output, whether it has
+        a control dependency on it, whether it must write (None: MXNet makes no copy of it),
+        its consumers, and the consumers of its first output."""
         out = []
         consumers = self.graph.consumers
+        first_readers: dict[int, list[int]] = {}
+        for n in self.graph.nodes:
+            for src, index in n.inputs:
+                if index == 0 and n.id not in first_readers.setdefault(src, []):
+                    first_readers[src].append(n.id)
         for v in reversed(self.order):
             tpl = v.template
-            nodes = tpl.nodes if tpl is not None else []
-            out.append((v.id, any(r[0] == "out" for tn in nodes for r in tn.inputs),
-                        any(tn.control_fwd for tn in nodes),
-                        v.op in ops.MUST_WRITE if gradient_pass.has_mirror_copy(v) else None,
-                        tuple(consumers.get(v.id, ()))))
+            reads = {r for tn in (tpl.nodes if tpl is not None else []) for r in tn.inputs}
+            controls = tpl is not None and any(tn.control_fwd for tn in tpl.nodes)
+            out.append((v.id, any(r[0] == "out" for r in reads), ("out", 0) in reads, controls,
+                        ops.must_write(v.op, v.attrs) if gradient_pass.has_mirror_copy(v)
+                        else None,
+                        tuple(consumers.get(v.id, ())), tuple(first_readers.get(v.id, ()))))
         return out
 
     @cached_property

@@ -61,7 +61,8 @@ def _cut(graph: Graph, cuts: list[int], split: frozenset) -> Segments:
     # the segment of an entry's last reader (segments follow op positions)
     last_reader = {e: seg_of[order[p].id] for e, p in graph.last_reads.items()}
     for nd in graph.nodes:
-        if not nd.is_variable and ops.is_random(nd.op) and not ops.replayed_with_mask(nd.op):
+        if not nd.is_variable and ops.is_random(nd.op, nd.attrs) \
+                and not ops.replayed_with_mask(nd.op):
             raise PlanError(f"node {nd.name} ({nd.op}) draws random numbers: the segmented "
                             f"executor can only replay Dropout; use policy 'sqrt' or 'budget'")
         if not nd.is_variable and nd.op in ops.STATEFUL:
