@@ -123,3 +123,39 @@ def read_values(seen: dict, params) -> dict:
     for k, p in enumerate(params):
         seen[f"value.{k}"] = p.data().asnumpy()
     return seen
+
+
+def hooked_steps(sym, shapes: dict, policy: str | None, steps: int, classes: int,
+                 lr: float = 0.0, seed: int | None = None) -> tuple[dict, list[str]]:
+    """`steps` forward/backward steps of `sym` bound through Symbol.simple_bind with the bind
+    hook on (policy None: "none", unplanned), from seeded arguments (labels drawn below
+    `classes`; MXNet's random seed `seed` where given): the outputs and gradients at each
+    step (and an SGD step of `lr` on the arguments, with their values at the end), and the
+    op of every mirror copy MXNet's executor runs."""
+    import mxnet as mx
+
+    import mxmirror
+
+    with mxmirror.enabled(policy or "none"):
+        ex = sym.simple_bind(mx.cpu(), **shapes)
+    rs = np.random.RandomState(0)
+    for name, a in sorted(ex.arg_dict.items()):
+        a[:] = rs.randint(0, classes, a.shape) if name == "softmax_label" else \
+            rs.normal(0, 0.1, a.shape)
+    if seed is not None:
+        mx.random.seed(seed)
+    seen = {}
+    for step in range(steps):
+        ex.forward(is_train=True)
+        ex.backward()
+        seen[f"out{step}"] = ex.outputs[0].asnumpy()
+        for name, g in ex.grad_dict.items():
+            if name not in shapes:
+                seen[f"grad{step} {name}"] = g.asnumpy()
+                if lr:
+                    ex.arg_dict[name][:] -= lr * g
+    if lr:
+        seen.update({f"value {k}": v.asnumpy() for k, v in ex.arg_dict.items()})
+    copies = [line[3:].split(",")[0] for line in ex.debug_str().splitlines()
+              if line.startswith("Op:") and line.endswith("_mirror")]
+    return seen, copies

@@ -22,7 +22,7 @@ import mxmirror
 from mxmirror.adapter.reader import load_graph
 from mxmirror.gluon import PlannedBlock
 from tests import mkldnn_off
-from tests.helpers import assert_planned, bound_regardless
+from tests.helpers import assert_planned, bound_regardless, hooked_steps
 
 BATCH, IN, HIDDEN, CLASSES, STEPS = 32, 16, 64, 10, 3
 
@@ -53,27 +53,8 @@ def test_the_graph_read_keeps_the_casts():
 def _train(policy: str | None) -> tuple[dict, list[str]]:
     """STEPS steps of simple_bind training (plain, or bound under the hook) and the ops of
     the mirrored nodes MXNet's executor runs."""
-    sym = amp_symbol()
-    shapes = {"data": (BATCH, IN), "softmax_label": (BATCH,)}
-    with mxmirror.enabled(policy or "none"):
-        ex = sym.simple_bind(mx.cpu(), **shapes)
-    rs = np.random.RandomState(0)
-    for name, a in sorted(ex.arg_dict.items()):
-        a[:] = rs.randint(0, CLASSES, a.shape) if name == "softmax_label" else \
-            rs.normal(0, 0.1, a.shape)
-    seen = {}
-    for step in range(STEPS):
-        ex.forward(is_train=True)
-        ex.backward()
-        seen[f"out{step}"] = ex.outputs[0].asnumpy()
-        for name, g in ex.grad_dict.items():
-            if name not in shapes:
-                seen[f"grad{step} {name}"] = g.asnumpy()
-                ex.arg_dict[name][:] -= 0.01 * g
-    seen.update({f"value {k}": v.asnumpy() for k, v in ex.arg_dict.items()})
-    copies = [line.split("Name=")[0] for line in ex.debug_str().splitlines()
-              if line.startswith("Op:") and line.endswith("_mirror")]
-    return seen, [c[3:-2] for c in copies]
+    return hooked_steps(amp_symbol(), {"data": (BATCH, IN), "softmax_label": (BATCH,)},
+                        policy, STEPS, CLASSES, lr=0.01)
 
 
 @pytest.mark.parametrize("policy", ["sqrt", "search"])

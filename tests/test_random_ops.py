@@ -17,7 +17,7 @@ from mxnet.symbol.numpy import _internal as npi
 
 import mxmirror
 from mxmirror.ir import ops
-from tests.helpers import bound_regardless
+from tests.helpers import bound_regardless, hooked_steps
 
 BATCH, HIDDEN, STEPS = 16, 64, 3
 
@@ -49,26 +49,8 @@ def noisy_symbol() -> mx.sym.Symbol:
 
 
 def _train(policy: str | None) -> tuple[dict, list[str]]:
-    sym = noisy_symbol()
-    shapes = {"data": (BATCH, 8), "softmax_label": (BATCH,)}
-    with mxmirror.enabled(policy or "none"):
-        ex = sym.simple_bind(mx.cpu(), **shapes)
-    rs = np.random.RandomState(0)
-    for name, a in sorted(ex.arg_dict.items()):
-        a[:] = rs.randint(0, 10, a.shape) if name == "softmax_label" else \
-            rs.normal(0, 0.1, a.shape)
-    mx.random.seed(3)
-    seen = {}
-    for step in range(STEPS):
-        ex.forward(is_train=True)
-        ex.backward()
-        seen[f"out{step}"] = ex.outputs[0].asnumpy()
-        for name, g in ex.grad_dict.items():
-            if name not in shapes:
-                seen[f"grad{step} {name}"] = g.asnumpy()
-    copies = [line[3:].split(",")[0] for line in ex.debug_str().splitlines()
-              if line.startswith("Op:") and line.endswith("_mirror")]
-    return seen, copies
+    return hooked_steps(noisy_symbol(), {"data": (BATCH, 8), "softmax_label": (BATCH,)},
+                        policy, STEPS, 10, seed=3)
 
 
 def test_samplers_are_not_recomputed():
