@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from mxmirror.adapter.free_memory import auto_budget
+from mxmirror.adapter.free_memory import auto_budget, on_gpu
 from mxmirror.adapter.learn import learned_by
 from mxmirror.adapter.reader import load_graph, parse_shapes
 from mxmirror.adapter.symbol import read_symbol
@@ -43,12 +43,13 @@ class Prepared:
     inputs: BindInputs
     read_graph: Callable[[], Graph] = field(repr=False)
     seconds: float = 0.0  # reading and analysing the graph (each Plan counts it in its time)
+    gpu: bool = False  # planned for a GPU (ops that must write there: ir/ops.must_write)
 
     @cached_property
     def analysis(self) -> Analysis:
         start = time.perf_counter()
         with task("reading and analysing the graph"), gc_paused():
-            analysis = Analysis(self.read_graph())
+            analysis = Analysis(self.read_graph(), self.gpu)
         self.seconds += time.perf_counter() - start
         return analysis
 
@@ -91,7 +92,8 @@ class Prepared:
         or_smallest = or_smallest and name in NEEDS_BUDGET
         start, read = time.perf_counter(), self.seconds  # reading the graph here: counted once
         key = cache.plan_key(name + " or the smallest" * or_smallest, budget_bytes,
-                             self.source_json, self.inputs, never_worse, learned_by())
+                             self.source_json, self.inputs, never_worse,
+                             {**learned_by(), **({"device": "gpu"} if self.gpu else {})})
         decision = cache.load(key, lambda: self.analysis, len(self.nodes))
         if decision is None:
             nodes = len(self.analysis.graph.op_nodes)
@@ -109,7 +111,7 @@ class Prepared:
             label = f"{size(budget_bytes, 0)} ({budget_source or 'given'})"
         return Plan.of(name, lambda: self.analysis, self.nodes, decision, self.inputs,
                        self.source_json, read + time.perf_counter() - start, label,
-                       self.release)
+                       self.release, self.gpu)
 
 
 def plan(symbol: Any, policy: str = "sqrt", budget: Any = None,
@@ -119,25 +121,29 @@ def plan(symbol: Any, policy: str = "sqrt", budget: Any = None,
 
     `symbol` is an mx.sym.Symbol, JSON text or a path; `shapes` are the input
     shapes as for simple_bind. ``plan.bind(ctx)`` trains with it; for the policies
-    MXNet's own executor runs, ``plan.symbol`` binds in plain MXNet. Policy ``auto``
-    without a budget plans for the free memory of ``ctx`` (default: the CPU's
+    MXNet's own executor runs, ``plan.symbol`` binds in plain MXNet. ``ctx``: where the plan
+    is bound (default: a CPU); a plan for a GPU keeps back copies of ops that must write
+    there (cuDNN's BatchNorm), and a CPU plan that recomputes one is refused on a GPU. Policy
+    ``auto`` without a budget plans for the free memory of ``ctx`` (default: the CPU's
     available memory) less arguments, gradients, aux states and a margin. ``or_smallest``:
     as Prepared.plan (the bind hook's rule).
     """
     resolve(policy, budget)  # bad policy or budget: say so before reading the graph
-    return _read(symbol, type_dict, grad_req, shapes).plan(policy, budget, ctx, or_smallest)
+    return _read(symbol, type_dict, grad_req, shapes, on_gpu(ctx)).plan(policy, budget, ctx,
+                                                                        or_smallest)
 
 
 def prepare(symbol: Any, type_dict: dict[str, str] | None = None, grad_req: Any = None,
-            **shapes: Any) -> Prepared:
-    """The analysed graph and the unplanned symbol JSON, to plan several policies on."""
-    prep = _read(symbol, type_dict, grad_req, shapes)
+            ctx: Any = None, **shapes: Any) -> Prepared:
+    """The analysed graph and the unplanned symbol JSON, to plan several policies on (for
+    the device of ``ctx``, as ``plan``)."""
+    prep = _read(symbol, type_dict, grad_req, shapes, on_gpu(ctx))
     _ = prep.analysis  # read now: what is wrong with the symbol, shapes or dtypes is said here
     return prep
 
 
 def _read(symbol: Any, type_dict: dict[str, str] | None, grad_req: Any,
-          shapes: dict[str, Any]) -> Prepared:
+          shapes: dict[str, Any], gpu: bool = False) -> Prepared:
     """The symbol and its bind inputs, checked; the graph read on first use."""
     if not shapes:
         raise PlanError("give the input shapes, e.g. plan(sym, data=(32, 3, 224, 224))")
@@ -150,4 +156,5 @@ def _read(symbol: Any, type_dict: dict[str, str] | None, grad_req: Any,
                         "backward pass to plan")
     inputs = BindInputs(shapes, dict(type_dict) if type_dict else None, req)
     return Prepared(strip_json(sym.text), inputs, lambda: load_graph(
-        sym.symbol, shapes, type_dict=type_dict, grad_req=req, strip=True, text=sym.text))
+        sym.symbol, shapes, type_dict=type_dict, grad_req=req, strip=True, text=sym.text),
+        gpu=gpu)

@@ -1,4 +1,5 @@
-"""What a device has free, and the ``auto`` policy's budget: the free memory of the bind's
+"""Which device a context is, what it has free, and the ``auto`` policy's budget: the free
+memory of the bind's
 context less the resident arrays (``ir.graph.resident_bytes``: arguments, argument
 gradients and aux states, which MXNet allocates outside its memory plan) and a margin.
 """
@@ -16,10 +17,14 @@ MARGIN_FRACTION = 0.10  # of the free memory: allocator rounding, workspaces, ot
 MARGIN_MIN_BYTES = 64 * 2**20
 
 
+def on_gpu(ctx: Any) -> bool:
+    """`ctx` (an MXNet Context, or None: a CPU) is a GPU."""
+    return getattr(ctx, "device_type", "cpu") == "gpu"
+
+
 def free_bytes(ctx: Any = None) -> tuple[int, str]:
     """Free memory of a context (default: the CPU) and where the figure came from."""
-    kind = getattr(ctx, "device_type", "cpu")
-    if kind == "gpu":
+    if on_gpu(ctx):
         device = getattr(ctx, "device_id", 0)
         free, _total = load_mxnet().context.gpu_memory_info(device)
         return int(free), f"free memory of gpu({device}), mx.context.gpu_memory_info"

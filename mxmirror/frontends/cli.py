@@ -16,7 +16,7 @@ import types
 from pathlib import Path
 
 from mxmirror.adapter.figure import mxnet_mb_many
-from mxmirror.adapter.symbol import load_symbol, read_symbol, symbol_json
+from mxmirror.adapter.symbol import load_mxnet, load_symbol, read_symbol, symbol_json
 from mxmirror.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, PlanError
 from mxmirror.log import mb_text
 from mxmirror.progress import task
@@ -130,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="plan a symbol and print or save the planned symbol")
     _common(p)
     p.add_argument("--out", metavar="PLANNED.json", help="write the planned symbol JSON here")
+    p.add_argument("--gpu", action="store_true", help="plan for binding on a GPU (recomputed "
+                   "copies cuDNN's BatchNorm would refuse are kept back)")
     p = sub.add_parser("memory", help="simulated MB per strategy and MXNet's own figure")
     _common(p)
     p.add_argument("--no-bind", action="store_true", help="skip MXNet's own figure")
@@ -218,7 +220,8 @@ def cmd_plan(args) -> int:
     from mxmirror.tools.share import memory_share
 
     sym, shapes, dtypes, budget = _load(args)
-    p = plan(sym, policy=args.policy, budget=budget, type_dict=dtypes, **shapes)
+    ctx = load_mxnet().gpu(0) if args.gpu else None
+    p = plan(sym, policy=args.policy, budget=budget, type_dict=dtypes, ctx=ctx, **shapes)
     if args.out:
         try:
             Path(args.out).write_text(symbol_json(p.symbol))

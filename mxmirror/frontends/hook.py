@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from mxmirror.adapter.executor_memory import beyond_unplanned
+from mxmirror.adapter.free_memory import on_gpu
 from mxmirror.adapter.symbol import learner_ahead, load_mxnet, symbol_json
 from mxmirror.api import plan
 from mxmirror.errors import EXIT_BAD_INPUT, PlanError
@@ -115,7 +116,8 @@ def _plan_for(symbol, policy, budget, grad_req, type_dict, shapes, ctx=None,
         key = hashlib.sha1(json.dumps([text, sorted((k, str(tuple(v) if isinstance(v, list) else v))
                                               for k, v in shapes.items()),
                                        grad_req, type_dict and sorted(type_dict.items()),
-                                       policy, str(budget)], default=str).encode()).hexdigest()
+                                       policy, str(budget), on_gpu(ctx)],
+                                      default=str).encode()).hexdigest()
         if key in _failed:  # warned once already; do not plan (or learn) again
             return Bound(None, None)
         if key not in _plans:

@@ -97,7 +97,8 @@ def signature(block: Any, given: CallArgs, reqs: tuple, params: dict, policy: st
     plan, own, kept = None, OwnMemory(0, 0, 0), 0
     if policy != "none":
         plan = make_plan(symbol, policy=policy, budget=budget, type_dict=types,
-                         grad_req=grad_req, or_smallest=True, **shapes)
+                         grad_req=grad_req, ctx=given.arrays[0].context, or_smallest=True,
+                         **shapes)
         own, kept = beyond_cached_op(plan), retained_bytes(plan.graph)
         plan.release()  # kept for its binds, which read no analysed graph
     graph = SymbolText.of(symbol)

@@ -76,12 +76,12 @@ MUST_WRITE = {
     "take", "FullyConnected", "L2Normalization", "_contrib_SyncBatchNorm",
     "_contrib_ModulatedDeformableConvolution", "_contrib_Proposal", "_contrib_MultiProposal",
 }
-# Not applied: cuDNN's BatchNorm checks req[kOut] == kWriteTo on GPU, but on CPU an unread
-# BatchNorm copy computes what it should (MKL-DNN on and off, measured), mxmirror never held
-# one back (its backward reads the copy's mean and variance, which the rule before counted
-# as read), and holding them back costs CPU plans 7-19% of their memory (sqrt and search on
-# resnet18_v1, mobilenet1.0, resnet50_v2: measured). On GPU a plan whose BatchNorm copy's
-# first output nothing reads fails when the engine runs it: untested here (no GPU).
+# Plans for a GPU only: cuDNN's BatchNorm checks req[kOut] == kWriteTo
+# (src/operator/nn/cudnn/cudnn_batch_norm-inl.h, 1.9.1), so there a copy whose first output
+# nothing reads fails when the engine runs it (read from the source; no GPU here to run it).
+# On CPU an unread BatchNorm copy computes what it should (MKL-DNN on and off, measured), and
+# holding them back would cost CPU plans 7-19% of their memory (sqrt and search on
+# resnet18_v1, mobilenet1.0, resnet50_v2: measured).
 MUST_WRITE_ON_GPU = {"BatchNorm", "BatchNorm_v1"}
 # Ops that must write for some attribute values only: op -> (attribute, values). Bilinear
 # UpSampling runs a Deconvolution that checks req == kWriteTo (MKL-DNN on and off); nearest
@@ -89,10 +89,10 @@ MUST_WRITE_ON_GPU = {"BatchNorm", "BatchNorm_v1"}
 MUST_WRITE_IF = {"UpSampling": ("sample_type", {"bilinear"})}
 
 
-def must_write(op: str | None, attrs: dict[str, str]) -> bool:
+def must_write(op: str | None, attrs: dict[str, str], gpu: bool = False) -> bool:
     """Whether a node of `op` with `attrs` is mirrored only where its copy's first output is
-    read (MUST_WRITE, MUST_WRITE_IF)."""
-    if op in MUST_WRITE:
+    read (MUST_WRITE, MUST_WRITE_IF; MUST_WRITE_ON_GPU in a plan for a GPU)."""
+    if op in MUST_WRITE or (gpu and op in MUST_WRITE_ON_GPU):
         return True
     cond = MUST_WRITE_IF.get(op)
     return cond is not None and attrs.get(cond[0]) in cond[1]

@@ -42,8 +42,9 @@ class Score:
 class Analysis:
     """Facts about one forward graph, each computed once on first use."""
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, gpu: bool = False) -> None:
         self.graph = graph
+        self.gpu = gpu  # planned for a GPU: ops that must write there (ops.must_write)
         self._scores: dict[frozenset[int], Score] = {}
         self._at_least: dict[frozenset[int], int] = {}  # planned bytes known to be >= this
         self.on_score: Callable[[], object] | None = None  # called per simulation (progress)
@@ -314,7 +315,8 @@ class Analysis:
             reads = {r for tn in (tpl.nodes if tpl is not None else []) for r in tn.inputs}
             controls = tpl is not None and any(tn.control_fwd for tn in tpl.nodes)
             out.append((v.id, any(r[0] == "out" for r in reads), ("out", 0) in reads, controls,
-                        ops.must_write(v.op, v.attrs) if gradient_pass.has_mirror_copy(v)
+                        ops.must_write(v.op, v.attrs, self.gpu)
+                        if gradient_pass.has_mirror_copy(v)
                         else None,
                         tuple(consumers.get(v.id, ())), tuple(first_readers.get(v.id, ()))))
         return out

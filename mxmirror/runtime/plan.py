@@ -16,8 +16,10 @@ from functools import cached_property
 from typing import Any
 
 from mxmirror.adapter.figure import mxnet_mb_many
+from mxmirror.adapter.free_memory import on_gpu
 from mxmirror.adapter.symbol import load_mxnet
 from mxmirror.errors import PlanError
+from mxmirror.ir import ops
 from mxmirror.ir.graph import BindInputs, Graph
 from mxmirror.ir.symbol_json import annotate_json
 from mxmirror.log import mb_text
@@ -132,7 +134,8 @@ class Plan:
     def of(cls, policy: str, analysis_of: Callable[[], Analysis],
            nodes: list[tuple[str, str]], decision: Decision, inputs: BindInputs | None = None,
            source_json: str | None = None, plan_seconds: float = 0.0,
-           budget: str | None = None, release: Callable[[], None] | None = None) -> Plan:
+           budget: str | None = None, release: Callable[[], None] | None = None,
+           gpu: bool = False) -> Plan:
         """The Plan of a planning Decision, run by whichever executor its choice needs;
         `nodes`: (name, op) by node id; `analysis_of`: the analysed graph, asked for only
         where it is needed (drawing, a segmented bind)."""
@@ -146,7 +149,7 @@ class Plan:
                    notes=list(decision.notes), budget=budget,
                    resident_bytes=decision.resident_bytes,
                    baseline_blocks=decision.baseline_blocks,
-                   planned_blocks=decision.planned_blocks, release_analysis=release)
+                   planned_blocks=decision.planned_blocks, release_analysis=release, gpu=gpu)
 
     policy: str
     analysis_of: Callable[[], Analysis] = field(repr=False)
@@ -167,6 +170,7 @@ class Plan:
     baseline_blocks: tuple[int, ...] = ()
     planned_blocks: tuple[int, ...] = ()
     release_analysis: Callable[[], None] | None = field(default=None, repr=False)
+    gpu: bool = False  # planned for a GPU (api.plan's ctx)
 
     @cached_property
     def analysis(self) -> Analysis:
@@ -216,7 +220,16 @@ class Plan:
         Keywords as ``Symbol.simple_bind``; with ``args=`` (and ``args_grad``,
         ``aux_states``) as ``Symbol.bind``. ``symbol``: the user's symbol, for the names
         of its arguments (default: the planned one). BatchNorm statistics are ordered after
-        each backward (aux_order)."""
+        each backward (aux_order). A plan made for a CPU whose MXNet executor would run a
+        copy that must write on a GPU (ir/ops.MUST_WRITE_ON_GPU) with its output unread is
+        refused there."""
+        if on_gpu(ctx) and not self.gpu and isinstance(self.execution, MirrorExecution) \
+                and {self.nodes[i][1] for i in self.recomputed_ids} & ops.MUST_WRITE_ON_GPU \
+                and Analysis(self.graph, gpu=True).drop_unread(self.recomputed_ids) \
+                != set(self.recomputed_ids):
+            raise PlanError(f"this plan was made for a CPU and recomputes BatchNorm where "
+                            f"nothing reads the copy's output, which cuDNN refuses on a GPU: "
+                            f"plan it for the GPU, mxmirror.plan(..., ctx={ctx!r})")
         return order_aux_updates(self.execution.bind(self, ctx, symbol=symbol, **kwargs))
 
     def training_graph(self) -> TrainingGraph | None:
