@@ -75,3 +75,16 @@ def test_the_command_line_plans_for_a_gpu(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         found[bool(flags)] = json.loads(proc.stdout)
     assert found[True]["mirrored"] != found[False]["mirrored"]
+
+
+def test_a_plan_for_a_gpu_is_weighed_in_device_memory():
+    """What a planned executor holds outside MXNet's figure on a CPU (its nodes' structures in
+    host memory, MKL-DNN's layout copies) is no device memory: a plan for a GPU is weighed
+    against its device saving alone."""
+    from mxmirror.adapter.executor_memory import beyond_cached_op, beyond_unplanned
+
+    sym = _net()
+    cpu = mxmirror.plan(sym, "sqrt", **SHAPES)
+    gpu = mxmirror.plan(sym, "sqrt", ctx=mx.gpu(0), **SHAPES)
+    assert beyond_unplanned(cpu).total > 0 and beyond_cached_op(cpu).structures > 0
+    assert beyond_unplanned(gpu).total == beyond_cached_op(gpu).total == 0

@@ -22,6 +22,9 @@ Convolution: measured over training steps of chains of Convolutions on tiny inpu
 script), 0.45 to 1.2 times their weights' bytes (none for FullyConnected, none with MKL-DNN
 off; where it comes from inside MXNet was not found). CONV_WEIGHT_SHARE, the least of them,
 is credited to an executor that stands in for the CachedOp.
+
+A plan for a GPU (``plan.gpu``) saves device memory, which neither of these is: the nodes'
+structures live in host memory and MKL-DNN runs on the CPU only, so there none is counted.
 """
 
 from __future__ import annotations
@@ -108,6 +111,8 @@ def beyond_cached_op(plan: Any) -> OwnMemory:
     copies (the CachedOp frees its own after each op); with MKL-DNN on, less a share of the
     Convolutions' weights, which the CachedOp holds beyond the executor."""
     nodes = sum(op != "null" for _, op in plan.nodes) + len(plan.recomputed_ids)
+    if plan.gpu:
+        return OwnMemory(nodes, 0, 0)
     credit = 0
     if mkldnn_on():
         graph = plan.graph
@@ -121,5 +126,7 @@ def beyond_unplanned(plan: Any) -> OwnMemory:
     """What the plan's executor holds outside MXNet's figure that an unplanned executor of
     the same graph does not: its mirrored nodes, and the layout copies its mirror copies add."""
     nodes = len(plan.recomputed_ids)
+    if plan.gpu:
+        return OwnMemory(nodes, 0, 0)
     return OwnMemory(nodes, nodes * NODE_BYTES,
                      max(0, layout_copies(plan) - unplanned_layout_copies(plan)))
