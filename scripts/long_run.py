@@ -92,7 +92,7 @@ def train(policy: str | None, steps: int, batch: int, features: int, seed: int):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=1024)  # cheap's plan pays beside its nodes
     ap.add_argument("--features", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--policy", action="append", help="repeatable; default sqrt")
