@@ -1,6 +1,6 @@
 """What a bound executor holds per node of its graph, outside MXNet's figure, against plain
 Gluon's CachedOp: the constants mxmirror counts for it (adapter/executor_memory.NODE_BYTES,
-CONV_WEIGHT_SHARE).
+by op: HEAVY_OPS or not; CONV_WEIGHT_SHARE).
 
 Chains of one layer kind repeated (elementwise `tanh(x * w)`, Dense + relu, Conv + BatchNorm
 + relu) on tiny arrays, so that what grows with the chain's length is the graph, not its
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         child(*args.child)
         return
-    from mxmirror.adapter.executor_memory import NODE_BYTES
+    from mxmirror.adapter.executor_memory import HEAVY_OPS, NODE_BYTES
 
     argv = sys.argv[1:] if argv is None else argv
     mkldnn = "off" if os.environ.get("MXNET_MKLDNN_ENABLED") == "0" else "on"
@@ -196,7 +196,8 @@ def main(argv: list[str] | None = None) -> None:
              "layer | mirror plan KB per layer | mirrored nodes per layer | executor beyond "
              "CachedOp, KB per forward op node | mirror plan beyond executor, KB per mirrored "
              "node |", "|---" * 8 + "|"]
-    worst = 0.0
+    light, heavy = 0.0, 0.0  # the most per node of an op outside HEAVY_OPS, and of one in it
+    per_node = {}
     for family, label in FAMILIES.items():
         found = {m: {n: run_child(f"{family} {n}", m) for n in (args.short, args.long)}
                  for m in MODES}
@@ -209,15 +210,25 @@ def main(argv: list[str] | None = None) -> None:
                     - found["mirrored"][args.short]["mirrored"]) / layers
         per_op = (per_layer["executor"] - per_layer["plain"]) / ops
         per_mirror = (per_layer["mirrored"] - per_layer["executor"]) / mirrored
-        worst = max(worst, per_op, per_mirror)
+        per_node[family] = (per_op, per_mirror, ops, mirrored)
+        if family != "conv":
+            light = max(light, per_op, per_mirror)
+        else:  # Convolution and BatchNorm, their relu counted as the Dense layer's
+            fc_op, fc_mirror = per_node["fc"][:2]
+            heavy = max((per_op * ops - fc_op) / (ops - 1),
+                        (per_mirror * mirrored - fc_mirror) / (mirrored - 1))
         lines.append(f"| {label} | {ops:.0f} | {per_layer['plain']:.1f} | "
                      f"{per_layer['executor']:.1f} | {per_layer['mirrored']:.1f} | "
                      f"{mirrored:.2f} | {per_op:.1f} | {per_mirror:.1f} |")
         print(lines[-1], flush=True)
-    lines += ["", f"The most any row shows per node: {worst:.1f} KB; mxmirror counts "
-              f"{NODE_BYTES / 1024:.0f} KB for every forward op node and every mirrored node "
-              f"of a planned executor beyond plain Gluon's CachedOp, and for every mirrored "
-              f"node beyond an unplanned executor (the bind hook).", "",
+    lines += ["", f"The most per node: {light:.1f} KB for the ops of the elementwise and "
+              f"Dense rows, {heavy:.1f} KB for a Convolution or BatchNorm (the third row, its "
+              f"relu counted as the Dense row's). mxmirror counts "
+              f"{NODE_BYTES['light'] / 1024:.0f} KB for every forward op node and every "
+              f"mirrored node, {NODE_BYTES['heavy'] / 1024:.0f} KB where its op is one of "
+              f"{', '.join(sorted(HEAVY_OPS))}, of a planned executor beyond plain Gluon's "
+              f"CachedOp, and for every mirrored node beyond an unplanned executor (the bind "
+              f"hook).", "",
               "An LSTM cell (64 hidden, batch 8) unrolled in hybrid_forward, with a Dense on "
               "its outputs, 3 steps: the growth beyond plain Gluon's of the sqrt plan bound "
               "whatever it saves, beside the node count times the constant:", "",

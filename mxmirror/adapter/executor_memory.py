@@ -11,11 +11,15 @@ Gluon's CachedOp frees its copies after each op. Without MKL-DNN, or with no Con
 Every node of a bound executor's graph holds memory of its own besides the arrays (the node
 and its backward nodes, their op states and array handles): more than plain Gluon's CachedOp
 keeps for the same node, and a mirror copy adds one more node. Measured on chains of one
-layer kind repeated on tiny arrays (scripts/node_memory.py, docs/gluon.md): up to 17 KB per
-forward op node beyond the CachedOp and up to 18.4 KB per mirrored node beyond an unplanned
-executor in the runs made; NODE_BYTES is above the most of them. A plan saving less than
-that (a graph of many small ops: an RNN cell unrolled in hybrid_forward) is not worth
-binding.
+layer kind repeated on tiny arrays (scripts/node_memory.py, docs/gluon.md): elementwise ops
+and Dense + relu up to 12.1 KB per node (forward op node beyond the CachedOp, or mirrored
+node beyond an unplanned executor), Conv2D + BatchNorm + relu 15.6 and 17.6 on average, so
+about 20-22 KB for each Convolution or BatchNorm, whose MKL-DNN kernels keep state of their
+own. NODE_BYTES counts each node by its op (HEAVY_OPS or not), above the most measured;
+one constant for all (20 KB, before) kept plans that paid from being bound: an LSTM cell
+unrolled 60 steps, whose plan lowered the peak RSS by 40-50 MB, counted 59 MB for its 3003
+nodes. A plan saving less than its nodes (a graph of many small ops on small arrays) is not
+worth binding.
 
 The other way round, with MKL-DNN on the CachedOp holds more than MXNet's executor for every
 Convolution: measured over training steps of chains of Convolutions on tiny inputs (the same
@@ -40,7 +44,10 @@ from mxmirror.log import mb_text
 from mxmirror.sim import training_graph
 from mxmirror.sim.storage_fallback import fallback_bytes
 
-NODE_BYTES = 20 * 2**10  # per forward op node and per mirrored node (the module's docstring)
+# per forward op node and per mirrored node, by op (the module's docstring)
+NODE_BYTES = {"heavy": 22 * 2**10, "light": 14 * 2**10}
+HEAVY_OPS = frozenset({"Convolution", "Deconvolution", "BatchNorm", "BatchNorm_v1",
+                       "_contrib_BatchNormWithReLU", "Pooling"})
 CONV_WEIGHT_SHARE = 0.45  # of a Convolution's weight, what the CachedOp holds beyond it
 
 
@@ -105,12 +112,22 @@ def unplanned_layout_copies(plan: Any) -> int:
     return fallback_bytes(training_graph.build(plan.graph, set()))
 
 
+def node_bytes(ops_of_nodes: Any) -> int:
+    """What the nodes of these ops hold of their own in a bound executor."""
+    return sum(NODE_BYTES["heavy" if op in HEAVY_OPS else "light"] for op in ops_of_nodes)
+
+
+def _mirrored_ops(plan: Any) -> list[str]:
+    return [plan.nodes[i][1] for i in plan.recomputed_ids]
+
+
 def beyond_cached_op(plan: Any) -> OwnMemory:
     """What the plan's executor holds outside MXNet's figure that plain Gluon's CachedOp of
     the same graph does not: every forward op node and every mirrored node, and its layout
     copies (the CachedOp frees its own after each op); with MKL-DNN on, less a share of the
     Convolutions' weights, which the CachedOp holds beyond the executor."""
-    nodes = sum(op != "null" for _, op in plan.nodes) + len(plan.recomputed_ids)
+    counted = [op for _, op in plan.nodes if op != "null"] + _mirrored_ops(plan)
+    nodes = len(counted)
     if plan.gpu:
         return OwnMemory(nodes, 0, 0)
     credit = 0
@@ -119,7 +136,7 @@ def beyond_cached_op(plan: Any) -> OwnMemory:
         weights = {n.inputs[1][0] for n in graph.op_nodes
                    if n.op == "Convolution" and len(n.inputs) > 1}
         credit = int(CONV_WEIGHT_SHARE * sum(graph.nodes[w].out_bytes() for w in weights))
-    return OwnMemory(nodes, nodes * NODE_BYTES, layout_copies(plan), credit)
+    return OwnMemory(nodes, node_bytes(counted), layout_copies(plan), credit)
 
 
 def beyond_unplanned(plan: Any) -> OwnMemory:
@@ -128,5 +145,5 @@ def beyond_unplanned(plan: Any) -> OwnMemory:
     nodes = len(plan.recomputed_ids)
     if plan.gpu:
         return OwnMemory(nodes, 0, 0)
-    return OwnMemory(nodes, nodes * NODE_BYTES,
+    return OwnMemory(nodes, node_bytes(_mirrored_ops(plan)),
                      max(0, layout_copies(plan) - unplanned_layout_copies(plan)))
