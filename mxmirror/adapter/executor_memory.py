@@ -13,13 +13,12 @@ and its backward nodes, their op states and array handles): more than plain Gluo
 keeps for the same node, and a mirror copy adds one more node. Measured on chains of one
 layer kind repeated on tiny arrays (scripts/node_memory.py, docs/gluon.md): elementwise ops
 and Dense + relu up to 12.1 KB per node (forward op node beyond the CachedOp, or mirrored
-node beyond an unplanned executor), Conv2D + BatchNorm + relu 15.6 and 17.6 on average, so
-about 20-22 KB for each Convolution or BatchNorm, whose MKL-DNN kernels keep state of their
-own. NODE_BYTES counts each node by its op (HEAVY_OPS or not), above the most measured;
-one constant for all (20 KB, before) kept plans that paid from being bound: an LSTM cell
-unrolled 60 steps, whose plan lowered the peak RSS by 40-50 MB, counted 59 MB for its 3003
-nodes. A plan saving less than its nodes (a graph of many small ops on small arrays) is not
-worth binding.
+node beyond an unplanned executor), a Convolution or BatchNorm up to 20.4 KB (their
+MKL-DNN kernels keep state of their own), in the runs made. NODE_BYTES counts each node by
+its op (HEAVY_OPS or not), above the most measured; one constant for all (20 KB, before)
+kept plans that paid from being bound: an LSTM cell unrolled 60 steps, whose plan lowered
+the peak RSS by 40-50 MB, counted 59 MB for its 3003 nodes. A plan saving less than its
+nodes (a graph of many small ops on small arrays) is not worth binding.
 
 The other way round, with MKL-DNN on the CachedOp holds more than MXNet's executor for every
 Convolution: measured over training steps of chains of Convolutions on tiny inputs (the same
