@@ -75,7 +75,7 @@ def test_env_policy_on_a_first_run(tmp_path) -> None:
     proc = _run(tmp_path, MXMIRROR_POLICY="sqrt", MXMIRROR_CACHE=str(tmp_path / "cache"))
     assert proc.returncode == 0, proc.stderr
     assert "trained mirror=True mxmirror_loaded=True" in proc.stdout
-    assert list((tmp_path / "cache").glob("templates-mxnet-*.json"))
+    assert list((tmp_path / "cache").glob("templates-mxnet-*/*.json"))
 
 
 def test_without_the_variable_mxmirror_is_not_loaded(tmp_path) -> None:

@@ -128,9 +128,40 @@ def test_off_writes_nothing(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("MXMIRROR_CACHE", "OFF")
     off = TemplateStore("x", None)
     off.put_many({})
-    assert off.file is None and off.data == {}
+    off.load({"Convolution"})
+    assert off.dir is None and off.data == {}
     monkeypatch.setenv("MXMIRROR_CACHE", str(tmp_path))
-    assert TemplateStore("x", None).file.parent == tmp_path
+    assert TemplateStore("x", None).dir.parent == tmp_path
+
+
+def test_the_template_store_reads_the_ops_asked_for(tmp_path, monkeypatch) -> None:
+    """Templates are kept a file per op, and a process reads the files of its graph's ops
+    only: the store's size on disk does not grow every planning process."""
+    import mxnet as mx
+
+    import mxmirror.adapter.reader as reader
+    from mxmirror.ir.templates import Template
+
+    learned = TemplateStore("x", tmp_path)
+    monkeypatch.setattr(reader, "_store", learned)
+    graph = mx.sym.Activation(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=4),
+                              act_type="relu")
+    table = load(graph, {"data": (2, 3)}).templates
+    ops = {f.stem for f in learned.dir.iterdir()}  # with the ops a segment may add
+    assert {"Activation", "FullyConnected"} <= ops == {json.loads(k)["op"] for k in table}
+    again = TemplateStore("x", tmp_path)
+    again.load({"Activation"})
+    assert {json.loads(k)["op"] for k in again.data} == {"Activation"}
+    again.load(ops)
+    assert set(again.data) == set(table)
+    assert all(isinstance(t, Template) for t in again.data.values())
+    # a further template of one op keeps the others of that op on disk
+    key, tpl = next((k, t) for k, t in table.items() if json.loads(k)["op"] == "Activation")
+    other = TemplateStore("x", tmp_path)
+    other.put_many({key.replace("relu", "tanh"): tpl})
+    last = TemplateStore("x", tmp_path)
+    last.load({"Activation"})
+    assert set(last.data) == {key, key.replace("relu", "tanh")}
 
 
 WRITER = """
@@ -259,7 +290,7 @@ def test_a_first_run_starts_the_learner_with_mxnet_and_stops_it(tmp_path, use) -
     assert "started 1" in out.stdout
     if use == "use":
         assert "used True" in out.stdout
-        assert list(tmp_path.glob("templates-mxnet-*.json"))
+        assert list(tmp_path.glob("templates-mxnet-*/*.json"))
     pid = int(out.stdout.split("pid ")[1].split()[0])
     with pytest.raises(ProcessLookupError):  # stopped and reaped with its parent
         os.kill(pid, 0)

@@ -204,6 +204,7 @@ def learn_templates(graph: Graph) -> TemplateTable:
     (ir/arity.py), not learned."""
     st = store()
     specs = [backward.spec(graph, n) for n in graph.op_nodes] + added_specs(graph)
+    st.load({sp["op"] for sp in specs})
     for _ in range(2):
         pending = backward.missing(st.data, specs)
         derived = arity.derive(st.data, pending)

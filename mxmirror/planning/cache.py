@@ -251,10 +251,10 @@ def _rebuilt(graph, cuts: list[int], tree: dict, template_bytes: list[int],
     return plan
 
 
-TEMPLATES = "templates-mxnet-{}.json"  # the templates learned from one MXNet version
+TEMPLATES = "templates-mxnet-{}"  # the templates learned from one MXNet version, a file per op
 
 
-def templates_file(mxnet_version: str) -> Path | None:
+def templates_dir(mxnet_version: str) -> Path | None:
     """Where the templates learned from this MXNet version are kept (None: cache off)."""
     root = cache_path()
     return None if root is None else root / TEMPLATES.format(mxnet_version)
@@ -263,7 +263,7 @@ def templates_file(mxnet_version: str) -> Path | None:
 def templates_kept() -> bool:
     """Whether any template is kept (or the cache is off): False on a new user's first run."""
     root = cache_path()
-    return root is None or any(root.glob(TEMPLATES.format("*")))
+    return root is None or any(root.glob(TEMPLATES.format("*") + "/*.json"))
 
 
 def cache_path() -> Path | None:
