@@ -81,15 +81,17 @@ class TemplateStore:
     def put_many(self, items: dict[str, Template]) -> None:
         """Keep `items`, and on disk merged with what other processes wrote meanwhile."""
         self.data.update(items)
-        by_op: dict[str, dict[str, Template]] = {}
-        for key, tpl in items.items():
-            by_op.setdefault(json.loads(key)["op"], {})[key] = tpl
-        for op, kept in by_op.items():
+        if self.dir is None:
+            return
+        ops = {json.loads(key)["op"] for key in items}
+        by_op: dict[str, dict[str, Template]] = {op: {} for op in ops}
+        for key, tpl in self.data.items():
+            op = json.loads(key)["op"]
+            if op in by_op:
+                by_op[op][key] = tpl
+        for op, mine in by_op.items():
             file = self._file(op)
-            if file is None:
-                continue
-            mine = {k: v for k, v in self.data.items() if json.loads(k)["op"] == op}
-            merged = {**self._read(op), **mine, **kept}
+            merged = {**self._read(op), **mine}
             try:
                 write_atomic(file, json.dumps({k: v.to_json() for k, v in merged.items()}))
             except OSError:
