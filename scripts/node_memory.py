@@ -210,11 +210,11 @@ def main(argv: list[str] | None = None) -> None:
                     - found["mirrored"][args.short]["mirrored"]) / layers
         per_op = (per_layer["executor"] - per_layer["plain"]) / ops
         per_mirror = (per_layer["mirrored"] - per_layer["executor"]) / mirrored
-        per_node[family] = (per_op, per_mirror, ops, mirrored)
+        per_node[family] = (per_op, per_mirror)
         if family != "conv":
             light = max(light, per_op, per_mirror)
         else:  # Convolution and BatchNorm, their relu counted as the Dense layer's
-            fc_op, fc_mirror = per_node["fc"][:2]
+            fc_op, fc_mirror = per_node["fc"]
             heavy = max((per_op * ops - fc_op) / (ops - 1),
                         (per_mirror * mirrored - fc_mirror) / (mirrored - 1))
         lines.append(f"| {label} | {ops:.0f} | {per_layer['plain']:.1f} | "

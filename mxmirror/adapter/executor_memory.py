@@ -15,7 +15,8 @@ layer kind repeated on tiny arrays (scripts/node_memory.py, docs/gluon.md): elem
 and Dense + relu up to 12.1 KB per node (forward op node beyond the CachedOp, or mirrored
 node beyond an unplanned executor), a Convolution or BatchNorm up to 20.4 KB (their
 MKL-DNN kernels keep state of their own), in the runs made. NODE_BYTES counts each node by
-its op (HEAVY_OPS or not), above the most measured; one constant for all (20 KB, before)
+its op, above the most measured: HEAVY_OPS are those two and, not measured, Deconvolution
+and Pooling, whose MKL-DNN kernels keep state alike. One constant for all (20 KB, before)
 kept plans that paid from being bound: an LSTM cell unrolled 60 steps, whose plan lowered
 the peak RSS by 40-50 MB, counted 59 MB for its 3003 nodes. A plan saving less than its
 nodes (a graph of many small ops on small arrays) is not worth binding.
