@@ -72,7 +72,8 @@ class TemplateStore:
     def load(self, ops: set[str]) -> None:
         """Read the templates of these ops kept on disk (each op once a process)."""
         for op in sorted(ops - self._loaded):
-            self.data = {**self._read(op), **self.data}
+            for key, tpl in self._read(op).items():
+                self.data.setdefault(key, tpl)
             self._loaded.add(op)
 
     def get(self, key: str) -> Template | None:
@@ -83,12 +84,10 @@ class TemplateStore:
         self.data.update(items)
         if self.dir is None:
             return
-        ops = {json.loads(key)["op"] for key in items}
-        by_op: dict[str, dict[str, Template]] = {op: {} for op in ops}
+        by_op: dict[str, dict[str, Template]] = {tpl.op: {} for tpl in items.values()}
         for key, tpl in self.data.items():
-            op = json.loads(key)["op"]
-            if op in by_op:
-                by_op[op][key] = tpl
+            if tpl.op in by_op:
+                by_op[tpl.op][key] = tpl
         for op, mine in by_op.items():
             file = self._file(op)
             merged = {**self._read(op), **mine}
