@@ -6,8 +6,10 @@ figures docs/gluon.md reads that table with.
    what plain Gluon keeps for the backward, and the block's output (T x batch x vocab).
 2. mxmirror's own cost in a process whose plan is not used: MobileNetV2 at batch 8, 32x32,
    3 steps, plain hybridized, with mxmirror imported, through a PlannedBlock whose calls
-   return at once, and through one whose plan is made and not used, 3 alternating runs
-   each (the peak varies by several MB from run to run).
+   return at once, through one whose plan is made and not used, and through one whose
+   plan is made in a forked child (os.fork; MXNet's fork handlers stop its engine's
+   threads and start new ones in this process) and not used, 3 alternating runs each (the
+   peak varies by several MB from run to run).
 3. An executor's memory beyond MXNet's figure: the process's growth over 3 training steps
    of MXNet's executor bound on the Parameters' arrays, unplanned, vs the CachedOp's, and
    the MKL-DNN layout copies mxmirror counts for that executor (sim/storage_fallback.py).
@@ -98,6 +100,8 @@ def overhead_child(mode: str) -> None:
 
         if mode == "returning":
             block.PlannedBlock.planned_call = lambda self, args, kwargs: None
+        if mode == "forked":
+            block.signature = _in_forked_child(block.signature)
         chosen = block.choose_plan
         block.choose_plan = lambda *a, **k: (chosen(*a, **k)[0], False, False, False)  # unused
         if mode != "imported":
@@ -105,6 +109,30 @@ def overhead_child(mode: str) -> None:
     x = mx.nd.random.uniform(shape=(8, 3, 32, 32))
     y = mx.nd.array([i % 10 for i in range(8)])
     _three_steps(net, run, lambda: gluon.loss.SoftmaxCrossEntropyLoss()(run(x), y))
+
+
+def _in_forked_child(signature):
+    """`signature` run in a forked child, its result sent back pickled (the plan's analysed
+    graph already let go): what planning in a process of its own would leave in this one."""
+    import pickle
+
+    def forked(*args, **kwargs):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read)
+            sig = signature(*args, **kwargs)
+            sig.plan.analysis_of = sig.plan.release_analysis = None
+            with os.fdopen(write, "wb") as out:
+                out.write(pickle.dumps(sig))
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as found:
+            sig = pickle.loads(found.read())
+        os.waitpid(pid, 0)
+        return sig
+
+    return forked
 
 
 def _three_steps(net, run, loss_of) -> None:
@@ -229,12 +257,13 @@ def main(argv: list[str] | None = None) -> None:
     lines += child(["lm"])
     modes = {"plain": "plain", "imported": "mxmirror.gluon imported, the block called itself",
              "returning": "PlannedBlock whose calls return to the block at once",
-             "unused": "PlannedBlock, traced and planned, the plan not used"}
+             "unused": "PlannedBlock, traced and planned, the plan not used",
+             "forked": "the same, traced and planned in a forked child"}
     runs = {mode: [] for mode in modes}
     for _ in range(3):  # alternating: the peak varies by several MB from run to run
         for mode, found in runs.items():
             found.append(child(["overhead", mode]))
-    assert all(r["used"] == [False] for r in runs["unused"]), runs["unused"]
+    assert all(r["used"] == [False] for r in runs["unused"] + runs["forked"]), runs
     lines += ["", "mxmirror's own cost where no plan is used (MobileNetV2, batch 8, 32x32, 3 "
               "steps, 3 runs each, alternating):", "", "| process | peak RSS MB |", "|---|---|"]
     for mode, label in modes.items():
