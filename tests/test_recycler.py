@@ -55,3 +55,25 @@ def test_freed_with_its_last_array_not_by_the_collector() -> None:
         assert home() is None
     finally:
         gc.enable()
+
+
+def test_an_array_dropped_after_its_recycler_is_freed() -> None:
+    """The collector may finalize a cycle holding a recycler and its arrays in any order
+    (an exception's traceback holding an executor): an array dropped after its recycler
+    was finalized frees its handle, where it raised a KeyError in __del__ (printed to the
+    user's stderr as an ignored exception)."""
+    import sys
+
+    rec = Recycler(2 * KB4)
+    a = rec.allocator(mx.nd.zeros((1024,)))()
+    a[:] = 1
+    rec.__del__()  # what the collector runs first in such a cycle
+    raised = []
+    hook, sys.unraisablehook = sys.unraisablehook, raised.append
+    try:
+        del a
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert not raised, [r.exc_value for r in raised]
+    assert (rec.live_bytes, rec.free_bytes) == (0, 0)

@@ -76,9 +76,13 @@ class Recycler:
         return new
 
     def _give(self, key: tuple, handle: Any, size: int) -> None:
+        """A dropped array's handle: to its free list, or freed (beyond the cap, or the
+        recycler already finalized: the collector may free a cycle of a recycler and its
+        arrays in any order)."""
         self.live_bytes -= size
-        if self.live_bytes + self.free_bytes + size <= self.cap_bytes:
-            self._free[key].append(handle)
+        waiting = self._free.get(key)
+        if waiting is not None and self.live_bytes + self.free_bytes + size <= self.cap_bytes:
+            waiting.append(handle)
             self.free_bytes += size
         else:
             _release(handle)
