@@ -79,6 +79,7 @@ class PlannedBlock(load_mxnet().gluon.Block):
         self._collected: dict | None = None  # the block's Parameters by name
         self._said_plain = False  # the line for the block itself beside it
         self._said_static = False  # the line for a block hybridized with static_alloc
+        self._said_predicting = False  # the line for a recording for prediction
         self._records: dict[str, list] = {}  # context -> [backward() count, calls of the
         # block in this record(), the most in an earlier record()]
         self._loops: dict[tuple, bool] = {}  # situation: a second call beside a planned
@@ -108,8 +109,25 @@ class PlannedBlock(load_mxnet().gluon.Block):
                 raise e.error from None
             if out is not None:
                 return out
+        elif mx.autograd.is_recording():
+            self.predicting()
         # inference, a recording for prediction, or a call the plan does not pay for
         return self.block(*args, **kwargs)
+
+    def predicting(self) -> None:
+        """A call recorded for prediction runs the block itself (MXNet's executor cannot
+        run a backward of a forward in predict mode, and a mirrored BatchNorm or Dropout
+        would recompute in training mode): its free executors are let go first, so that
+        the CachedOp's arrays, kept for a backward, replace theirs rather than add to them.
+        They are bound again at the next training call."""
+        if not any(ex.free() for ex in self.executors):
+            return
+        if not self._said_predicting:
+            self._said_predicting = True
+            log.info(f"mxmirror: gluon {self.block.name} recorded for prediction "
+                     f"(record(train_mode=False)): the block runs itself, its planned "
+                     f"executors let go meanwhile and bound again at its next training call")
+        self.let_go()
 
     def fell_back(self) -> None:
         """A call mxmirror itself runs unplanned (a plan that does not pay, an input it

@@ -60,6 +60,9 @@ def install(state: Callable[[], tuple[str | None, Any]]) -> None:
             if policy in (None, "none") and self in _planned and mx.autograd.is_recording() \
                     and mx.autograd.is_training():  # it trains unplanned now (hook off)
                 _planned.pop(self).let_go()
+            elif self in _planned and mx.autograd.is_recording() \
+                    and not mx.autograd.is_training():
+                _planned[self].predicting()
             return original(self, *args, **kwargs)
         if not self._active:  # its hybridized children may still be planned
             say(self, f"mxmirror: gluon {self.name} is not hybridized: trained unplanned "
