@@ -220,6 +220,7 @@ class PlannedBlock(load_mxnet().gluon.Block):
                 log.info(f"mxmirror: gluon {self.block.name} trained unplanned: hybridized "
                          f"with static_alloc=True, MXNet's CachedOp updates its auxiliary "
                          f"states (BatchNorm statistics) otherwise than an executor does")
+            self._forget(key[0])  # bound before it was hybridized so: they would only hold
             return False, sig, False
         # plain Gluon's backward holds a gradient term of every Parameter per call where it
         # sums them with ElementWiseSum; from CHAIN_FROM calls, chained, it may not
