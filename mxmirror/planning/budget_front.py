@@ -22,7 +22,7 @@ compares them.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mxmirror.errors import BudgetTooSmall
 from mxmirror.log import size
@@ -112,6 +112,13 @@ def one_recompute(a: Analysis, budget_bytes: int | None = None) -> Choice:
     if fits:
         return min(fits, key=lambda p: (p.recompute_ratio, p.planned_bytes)).choice
     return min(pts, key=lambda p: (p.planned_bytes, p.recompute_ratio)).choice
+
+
+def one_recompute_instead(a: Analysis, budget_bytes: int | None, why: str) -> Choice:
+    """The one-recompute plan where no segmented plan computes what training computes
+    (`why`), which its notes say: a plan never changes what training computes."""
+    return replace(one_recompute(a, budget_bytes),
+                   notes=(f"the one-recompute plan is used: {why}",))
 
 
 def all_points(a: Analysis) -> list[Point]:

@@ -188,8 +188,7 @@ def _without_zero(x: Expr) -> Expr:
 def _contains(x: Expr, leaf: Expr) -> bool:
     if x == leaf:
         return True
-    return isinstance(x, tuple) and len(x) == 3 and x[0] == "+" and \
-        (_contains(x[1], leaf) or _contains(x[2], leaf))
+    return _is_sum(x) and (_contains(x[1], leaf) or _contains(x[2], leaf))
 
 
 def _solve(whole: Expr, mine: Expr) -> Expr | None:

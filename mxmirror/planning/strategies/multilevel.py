@@ -4,16 +4,13 @@ whose segments sum every gradient as MXNet does (else the one-recompute plan).""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from mxmirror.planning.analysis import Analysis
-from mxmirror.planning.budget_front import one_recompute
+from mxmirror.planning.budget_front import one_recompute_instead
 from mxmirror.planning.choice import Choice, segmented_choice
 from mxmirror.planning.dp import chains, no_exact_chain, plan_for_budget
 
 
 def choose(a: Analysis, budget_bytes: int | None = None) -> Choice:
-    if not chains(a):  # never a plan that computes otherwise than MXNet
-        return replace(one_recompute(a, budget_bytes),
-                       notes=(f"the one-recompute plan is used: {no_exact_chain(a)}",))
+    if not chains(a):
+        return one_recompute_instead(a, budget_bytes, no_exact_chain(a))
     return segmented_choice(a, plan_for_budget(a, budget_bytes))

@@ -10,10 +10,8 @@ sum every gradient as MXNet does (Segments.exact), the one-recompute plan is use
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from mxmirror.planning.analysis import Analysis
-from mxmirror.planning.budget_front import one_recompute
+from mxmirror.planning.budget_front import one_recompute_instead
 from mxmirror.planning.chains import inexact_note, segment_chain
 from mxmirror.planning.choice import Choice, segmented_choice
 
@@ -21,9 +19,8 @@ from mxmirror.planning.choice import Choice, segmented_choice
 def choose(a: Analysis, budget_bytes: int | None = None) -> Choice:
     sp = segment_chain(a)
     why = inexact_note(sp)
-    if why:  # never a plan that computes otherwise than MXNet: one recomputation instead
-        return replace(one_recompute(a, budget_bytes),
-                       notes=(f"the one-recompute plan is used: {why}",))
+    if why:
+        return one_recompute_instead(a, budget_bytes, why)
     return segmented_choice(a, sp, (f"{sp.segments.m} segments, binary recursion: each "
                                     f"segment's forward runs at most "
                                     f"{max(sp.dry.runs, default=0)} times",))
